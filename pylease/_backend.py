@@ -1,0 +1,69 @@
+"""The operations every backend offers: the SQL API of the contract, one method each.
+
+The PostgreSQL backend calls the SQL functions; the SQLite backend runs the
+same semantics from ``sql/sqlite/``. One conformance suite runs against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    """One row of ``lease_status``."""
+
+    name: str
+    holder: str
+    fence: int
+    acquired_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    held: bool
+
+
+class Backend(Protocol):
+    """Synchronous lease operations; arguments are validated by the caller's layer too."""
+
+    def claim(self, name: str, ttl: timedelta, holder: str) -> int | None: ...
+
+    def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool: ...
+
+    def renew_many(
+        self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
+    ) -> list[tuple[str, bool]]: ...
+
+    def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool: ...
+
+    def steal(
+        self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
+    ) -> int | None: ...
+
+    def holds(self, name: str, holder: str, fence: int) -> bool: ...
+
+    def status(self, name: str | None = None) -> list[LeaseRow]: ...
+
+
+class AsyncBackend(Protocol):
+    """The same operations, awaitable."""
+
+    async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None: ...
+
+    async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool: ...
+
+    async def renew_many(
+        self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
+    ) -> list[tuple[str, bool]]: ...
+
+    async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool: ...
+
+    async def steal(
+        self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
+    ) -> int | None: ...
+
+    async def holds(self, name: str, holder: str, fence: int) -> bool: ...
+
+    async def status(self, name: str | None = None) -> list[LeaseRow]: ...

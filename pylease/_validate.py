@@ -1,0 +1,82 @@
+"""Argument checks shared by every backend, with the same messages as the SQL checks."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from pylease.errors import InvalidArgument
+
+MAX_KEY_LENGTH = 200
+MAX_TTL = timedelta(days=366)
+
+
+def key(parameter: str, value: object) -> str:
+    """A name or holder: a non-empty str of at most 200 characters, without NUL."""
+    if value is None:
+        raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
+    if not isinstance(value, str):
+        raise InvalidArgument(
+            f"pylease: {parameter} must be a str, not {type(value).__name__}", parameter=parameter
+        )
+    if value == "":
+        raise InvalidArgument(f"pylease: {parameter} must not be empty", parameter=parameter)
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidArgument(
+            f"pylease: {parameter} must be at most {MAX_KEY_LENGTH} characters",
+            parameter=parameter,
+        )
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL; refuse it on every backend alike.
+        raise InvalidArgument(
+            f"pylease: {parameter} must not contain NUL characters", parameter=parameter
+        )
+    return value
+
+
+def _seconds(parameter: str, value: object) -> timedelta:
+    if value is None:
+        raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(
+            f"pylease: {parameter} must be a timedelta or seconds, not {type(value).__name__}",
+            parameter=parameter,
+        )
+    if not math.isfinite(value):
+        raise InvalidArgument(f"pylease: {parameter} must be finite", parameter=parameter)
+    if abs(value) > MAX_TTL.total_seconds() * 1000:
+        raise InvalidArgument(f"pylease: {parameter} is out of range", parameter=parameter)
+    return timedelta(seconds=value)
+
+
+def ttl(value: object, parameter: str = "ttl") -> timedelta:
+    """A ttl: positive, at most 366 days; a timedelta or seconds."""
+    span = _seconds(parameter, value)
+    if span <= timedelta(0):
+        raise InvalidArgument(f"pylease: {parameter} must be positive", parameter=parameter)
+    if span > MAX_TTL:
+        raise InvalidArgument(f"pylease: {parameter} must be at most 366 days", parameter=parameter)
+    return span
+
+
+def span(parameter: str, value: object) -> timedelta:
+    """older_than or min_hold: not negative; a timedelta or seconds."""
+    result = _seconds(parameter, value)
+    if result < timedelta(0):
+        raise InvalidArgument(f"pylease: {parameter} must not be negative", parameter=parameter)
+    return result
+
+
+def fence(value: object) -> int:
+    """A fence token: an int that fits a bigint."""
+    if value is None:
+        raise InvalidArgument("pylease: fence must not be NULL", parameter="fence")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(
+            f"pylease: fence must be an int, not {type(value).__name__}", parameter="fence"
+        )
+    if not -(2**63) <= value < 2**63:
+        raise InvalidArgument("pylease: fence is out of range", parameter="fence")
+    return value

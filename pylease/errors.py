@@ -1,0 +1,70 @@
+"""The errors pylease raises: one root, each carrying the lease name, each picklable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PyleaseError(Exception):
+    """Something went wrong with a lease."""
+
+    def __init__(self, message: str | None = None, *, name: str | None = None) -> None:
+        self.name = name
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only state does not survive the default BaseException pickling.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[PyleaseError], args: tuple[Any, ...], state: dict[str, Any]) -> PyleaseError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
+
+class InvalidArgument(PyleaseError, ValueError):
+    """An argument is not a valid name, holder, duration or fence."""
+
+    def __init__(self, message: str, *, parameter: str, name: str | None = None) -> None:
+        self.parameter = parameter
+        super().__init__(message, name=name)
+
+
+class LeaseBusy(PyleaseError):
+    """Another holder's unexpired lease stands."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        holder: str | None = None,
+        waited: float = 0.0,
+    ) -> None:
+        self.holder = holder
+        self.waited = waited
+        by = f" by {holder}" if holder else ""
+        after = f" after waiting {waited:.3f}s" if waited else ""
+        super().__init__(f"lease {name!r} is held{by}{after}", name=name)
+
+
+class LeaseLost(PyleaseError):
+    """The lease is no longer ours: released, expired and taken, or stolen."""
+
+    def __init__(self, name: str, reason: str = "") -> None:
+        self.reason = reason
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"lease {name!r} was lost{detail}", name=name)
+
+
+class SchemaMissing(PyleaseError):
+    """The pylease schema is not installed in this database: run `pylease migrate`."""
+
+
+class ConfigurationError(PyleaseError):
+    """pylease cannot work with the configuration it was given."""
+
+
+class DatabaseUnavailable(PyleaseError):
+    """The database could not be reached."""

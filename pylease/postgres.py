@@ -1,0 +1,153 @@
+"""The PostgreSQL backend: each operation is one call of a ``lease_*`` SQL function.
+
+Every statement runs on the connection it is given as a statement of its own;
+the caller decides which connection that is (see ``pylease.lease``). Driver
+errors are mapped in one place, :func:`wrap_errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from pylease._backend import LeaseRow
+from pylease.errors import DatabaseUnavailable, InvalidArgument, PyleaseError, SchemaMissing
+
+CLAIM: LiteralString = "SELECT lease_claim(%s, %s, %s)"
+RENEW: LiteralString = "SELECT lease_renew(%s, %s, %s)"
+RENEW_MANY: LiteralString = "SELECT name, renewed FROM lease_renew_many(%s, %s, %s)"
+RELEASE: LiteralString = "SELECT lease_release(%s, %s, %s)"
+STEAL: LiteralString = "SELECT lease_steal(%s, %s, %s, %s)"
+HOLDS: LiteralString = "SELECT lease_holds(%s, %s, %s)"
+STATUS: LiteralString = (
+    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held FROM lease_status(%s)"
+)
+
+MISSING_SCHEMA_HINT = "the pylease schema is not installed here: run `pylease migrate --dsn ...`"
+
+
+@contextmanager
+def wrap_errors(name: str | None = None) -> Iterator[None]:
+    """Map driver errors to pylease errors, keeping the driver error as ``__cause__``."""
+    try:
+        yield
+    except pg_errors.InvalidParameterValue as exc:
+        message = exc.diag.message_primary or str(exc)
+        parameter = message.removeprefix("pylease: ").split(" ", 1)[0]
+        raise InvalidArgument(message, parameter=parameter, name=name) from exc
+    except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable) as exc:
+        raise SchemaMissing(
+            f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name
+        ) from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"pylease: database unavailable: {_one_line(exc)}", name=name
+        ) from exc
+    except psycopg.Error as exc:
+        raise PyleaseError(f"pylease: {type(exc).__name__}: {_one_line(exc)}", name=name) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _row(values: tuple[Any, ...]) -> LeaseRow:
+    return LeaseRow(*values)
+
+
+class PostgresBackend:
+    """Lease operations on one psycopg connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def _one(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
+        with wrap_errors(name), self.conn.cursor() as cur:
+            cur.execute(query, params)
+            row = cur.fetchone()
+        assert row is not None
+        return row[0]
+
+    def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
+        result: int | None = self._one(CLAIM, (name, ttl, holder), name)
+        return result
+
+    def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
+        return bool(self._one(RENEW, (name, holder, ttl), name))
+
+    def renew_many(
+        self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
+    ) -> list[tuple[str, bool]]:
+        with wrap_errors(), self.conn.cursor() as cur:
+            cur.execute(RENEW_MANY, (list(names), list(holders), ttl))
+            return [(n, bool(r)) for n, r in cur.fetchall()]
+
+    def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
+        return bool(self._one(RELEASE, (name, holder, min_hold), name))
+
+    def steal(
+        self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
+    ) -> int | None:
+        result: int | None = self._one(STEAL, (name, ttl, holder, older_than), name)
+        return result
+
+    def holds(self, name: str, holder: str, fence: int) -> bool:
+        return bool(self._one(HOLDS, (name, holder, fence), name))
+
+    def status(self, name: str | None = None) -> list[LeaseRow]:
+        with wrap_errors(name), self.conn.cursor() as cur:
+            cur.execute(STATUS, (name,))
+            return [_row(r) for r in cur.fetchall()]
+
+
+class AsyncPostgresBackend:
+    """Lease operations on one psycopg async connection; kept in step with PostgresBackend."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    async def _one(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
+        with wrap_errors(name):
+            async with self.conn.cursor() as cur:
+                await cur.execute(query, params)
+                row = await cur.fetchone()
+        assert row is not None
+        return row[0]
+
+    async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
+        result: int | None = await self._one(CLAIM, (name, ttl, holder), name)
+        return result
+
+    async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
+        return bool(await self._one(RENEW, (name, holder, ttl), name))
+
+    async def renew_many(
+        self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
+    ) -> list[tuple[str, bool]]:
+        with wrap_errors():
+            async with self.conn.cursor() as cur:
+                await cur.execute(RENEW_MANY, (list(names), list(holders), ttl))
+                return [(n, bool(r)) for n, r in await cur.fetchall()]
+
+    async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
+        return bool(await self._one(RELEASE, (name, holder, min_hold), name))
+
+    async def steal(
+        self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
+    ) -> int | None:
+        result: int | None = await self._one(STEAL, (name, ttl, holder, older_than), name)
+        return result
+
+    async def holds(self, name: str, holder: str, fence: int) -> bool:
+        return bool(await self._one(HOLDS, (name, holder, fence), name))
+
+    async def status(self, name: str | None = None) -> list[LeaseRow]:
+        with wrap_errors(name):
+            async with self.conn.cursor() as cur:
+                await cur.execute(STATUS, (name,))
+                return [_row(r) for r in await cur.fetchall()]

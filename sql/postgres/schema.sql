@@ -1,0 +1,340 @@
+-- pylease: the current PostgreSQL schema, as every migration of
+-- migrations/postgres/ leaves it. Readable definition; install with
+-- `pylease migrate`, which records the migrations. A test proves the two agree.
+--
+-- psql -v ON_ERROR_STOP=1 -f sql/postgres/schema.sql  (installs into current_schema())
+BEGIN;
+-- Pin every function's search_path to the schema this runs in (plus pg_temp,
+-- last), so that objects in a caller's schema can never stand in for ours.
+DO $pin$
+BEGIN
+    IF current_schema() IS NULL THEN
+        RAISE EXCEPTION 'pylease: no schema of the search_path exists; create it first';
+    END IF;
+    PERFORM set_config('search_path', quote_ident(current_schema()) || ', pg_temp', true);
+END
+$pin$;
+
+-- Tables ----------------------------------------------------------------------
+
+-- One row per name ever claimed. Rows are never deleted, so the fence of a name
+-- can only grow. Only `name` is indexed and fillfactor leaves room on the page,
+-- so claims and renewals are HOT updates.
+CREATE TABLE pylease_leases (
+    name        text        PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
+    holder      text        NOT NULL CHECK (length(holder) BETWEEN 1 AND 200),
+    fence       bigint      NOT NULL CHECK (fence > 0),
+    ttl         interval    NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    renewed_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    released    boolean     NOT NULL DEFAULT false
+) WITH (fillfactor = 50);
+
+COMMENT ON TABLE pylease_leases IS
+    'pylease: one row per lease name; written only through the lease_* functions.';
+
+-- Argument checks -------------------------------------------------------------
+
+-- Raises 22023 unless a name or holder is a non-empty text of at most 200 characters.
+CREATE FUNCTION pylease_check_key(parameter text, value text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION 'pylease: % must not be NULL', parameter USING ERRCODE = '22023';
+    ELSIF value = '' THEN
+        RAISE EXCEPTION 'pylease: % must not be empty', parameter USING ERRCODE = '22023';
+    ELSIF length(value) > 200 THEN
+        RAISE EXCEPTION 'pylease: % must be at most 200 characters', parameter USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Raises 22023 unless a ttl is finite, positive and at most 366 days.
+CREATE FUNCTION pylease_check_ttl(parameter text, value interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION 'pylease: % must not be NULL', parameter USING ERRCODE = '22023';
+    ELSIF NOT isfinite(value) THEN
+        RAISE EXCEPTION 'pylease: % must be finite', parameter USING ERRCODE = '22023';
+    ELSIF value <= interval '0' THEN
+        RAISE EXCEPTION 'pylease: % must be positive', parameter USING ERRCODE = '22023';
+    ELSIF value > interval '366 days' THEN
+        RAISE EXCEPTION 'pylease: % must be at most 366 days', parameter USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Raises 22023 unless a span (older_than, min_hold) is finite and not negative.
+CREATE FUNCTION pylease_check_span(parameter text, value interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION 'pylease: % must not be NULL', parameter USING ERRCODE = '22023';
+    ELSIF NOT isfinite(value) THEN
+        RAISE EXCEPTION 'pylease: % must be finite', parameter USING ERRCODE = '22023';
+    ELSIF value < interval '0' THEN
+        RAISE EXCEPTION 'pylease: % must not be negative', parameter USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Functions -------------------------------------------------------------------
+
+-- Claim a lease: the fence when granted, NULL when another holder's unexpired
+-- lease stands. A busy claim matches nothing, so it locks no row and writes no WAL.
+CREATE FUNCTION lease_claim(name text, ttl interval, holder text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now   timestamptz := clock_timestamp();
+    granted bigint;
+BEGIN
+    PERFORM pylease_check_key('name', lease_claim.name);
+    PERFORM pylease_check_ttl('ttl', lease_claim.ttl);
+    PERFORM pylease_check_key('holder', lease_claim.holder);
+
+    -- Free (released or expired), or still ours: a retried claim whose reply
+    -- was lost keeps its fence instead of looking busy.
+    UPDATE pylease_leases AS l
+       SET fence       = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
+                              THEN l.fence ELSE l.fence + 1 END,
+           acquired_at = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
+                              THEN l.acquired_at ELSE t_now END,
+           holder      = lease_claim.holder,
+           ttl         = lease_claim.ttl,
+           renewed_at  = t_now,
+           expires_at  = t_now + lease_claim.ttl,
+           released    = false
+     WHERE l.name = lease_claim.name
+       AND (l.expires_at <= t_now OR (l.holder = lease_claim.holder AND NOT l.released))
+    RETURNING l.fence INTO granted;
+    IF FOUND THEN
+        RETURN granted;
+    END IF;
+
+    -- A first claim of the name; a conflict means the row exists and is busy.
+    INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
+    VALUES (lease_claim.name, lease_claim.holder, 1, lease_claim.ttl, t_now, t_now, t_now + lease_claim.ttl)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING l.fence INTO granted;
+    RETURN granted;
+END
+$$;
+
+-- Renew a lease this holder still holds, also past its expiry if nobody took it.
+CREATE FUNCTION lease_renew(name text, holder text, ttl interval DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now timestamptz := clock_timestamp();
+BEGIN
+    PERFORM pylease_check_key('name', lease_renew.name);
+    PERFORM pylease_check_key('holder', lease_renew.holder);
+    IF lease_renew.ttl IS NOT NULL THEN
+        PERFORM pylease_check_ttl('ttl', lease_renew.ttl);
+    END IF;
+
+    UPDATE pylease_leases AS l
+       SET ttl        = coalesce(lease_renew.ttl, l.ttl),
+           renewed_at = t_now,
+           expires_at = t_now + coalesce(lease_renew.ttl, l.ttl)
+     WHERE l.name = lease_renew.name AND l.holder = lease_renew.holder AND NOT l.released;
+    RETURN FOUND;
+END
+$$;
+
+-- Renew many leases in one statement: one row per element of names, in order.
+CREATE FUNCTION lease_renew_many(names text[], holders text[], ttl interval DEFAULT NULL)
+RETURNS TABLE(name text, renewed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now timestamptz := clock_timestamp();
+BEGIN
+    IF lease_renew_many.names IS NULL THEN
+        RAISE EXCEPTION 'pylease: names must not be NULL' USING ERRCODE = '22023';
+    ELSIF lease_renew_many.holders IS NULL THEN
+        RAISE EXCEPTION 'pylease: holders must not be NULL' USING ERRCODE = '22023';
+    ELSIF cardinality(lease_renew_many.names) <> cardinality(lease_renew_many.holders) THEN
+        RAISE EXCEPTION 'pylease: holders must have as many elements as names' USING ERRCODE = '22023';
+    ELSIF EXISTS (SELECT FROM unnest(lease_renew_many.names) AS u(v)
+                   WHERE v IS NULL OR v = '' OR length(v) > 200) THEN
+        RAISE EXCEPTION 'pylease: names must hold only non-empty texts of at most 200 characters'
+            USING ERRCODE = '22023';
+    ELSIF EXISTS (SELECT FROM unnest(lease_renew_many.holders) AS u(v)
+                   WHERE v IS NULL OR v = '' OR length(v) > 200) THEN
+        RAISE EXCEPTION 'pylease: holders must hold only non-empty texts of at most 200 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF lease_renew_many.ttl IS NOT NULL THEN
+        PERFORM pylease_check_ttl('ttl', lease_renew_many.ttl);
+    END IF;
+
+    -- Rows are locked in name order, so two renewers of overlapping sets (an
+    -- owner and a keep_fresh helper) cannot deadlock.
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT u.n, u.h, u.i
+          FROM unnest(lease_renew_many.names, lease_renew_many.holders) WITH ORDINALITY AS u(n, h, i)
+    ), locked AS (
+        SELECT l.name
+          FROM pylease_leases AS l
+         WHERE (l.name, l.holder) IN (SELECT w.n, w.h FROM wanted AS w) AND NOT l.released
+         ORDER BY l.name
+           FOR NO KEY UPDATE OF l
+    ), renewed AS (
+        UPDATE pylease_leases AS l
+           SET ttl        = coalesce(lease_renew_many.ttl, l.ttl),
+               renewed_at = t_now,
+               expires_at = t_now + coalesce(lease_renew_many.ttl, l.ttl)
+          FROM locked AS k
+         WHERE l.name = k.name
+        RETURNING l.name, l.holder
+    )
+    SELECT w.n, r.name IS NOT NULL
+      FROM wanted AS w
+      LEFT JOIN renewed AS r ON r.name = w.n AND r.holder = w.h
+     ORDER BY w.i;
+END
+$$;
+
+-- Give a lease back, only if this holder still holds it. Without the WAL flush
+-- when the release is a transaction of its own: a release lost in a crash only
+-- keeps the lease until its expiry.
+CREATE FUNCTION lease_release(name text, holder text, min_hold interval DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now    timestamptz := clock_timestamp();
+    freed_at timestamptz;
+BEGIN
+    PERFORM pylease_check_key('name', lease_release.name);
+    PERFORM pylease_check_key('holder', lease_release.holder);
+    IF lease_release.min_hold IS NOT NULL THEN
+        PERFORM pylease_check_span('min_hold', lease_release.min_hold);
+    END IF;
+
+    -- Only a statement that is its whole transaction gives up the flush, so a
+    -- caller's own writes in a surrounding transaction keep their durability.
+    IF transaction_timestamp() = statement_timestamp() THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+
+    UPDATE pylease_leases AS l
+       SET released   = true,
+           expires_at = CASE WHEN lease_release.min_hold IS NULL THEN t_now
+                             ELSE greatest(t_now, l.acquired_at + lease_release.min_hold) END
+     WHERE l.name = lease_release.name AND l.holder = lease_release.holder AND NOT l.released
+    RETURNING l.expires_at INTO freed_at;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF freed_at <= t_now THEN
+        PERFORM pg_notify('pylease', lease_release.name);
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Take a lease whatever its state, when its holder last claimed or renewed at
+-- least older_than ago; on a free name, a claim. The new fence, or NULL.
+CREATE FUNCTION lease_steal(name text, ttl interval, holder text, older_than interval DEFAULT '0')
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now   timestamptz := clock_timestamp();
+    granted bigint;
+BEGIN
+    PERFORM pylease_check_key('name', lease_steal.name);
+    PERFORM pylease_check_ttl('ttl', lease_steal.ttl);
+    PERFORM pylease_check_key('holder', lease_steal.holder);
+    PERFORM pylease_check_span('older_than', lease_steal.older_than);
+
+    UPDATE pylease_leases AS l
+       SET fence       = l.fence + 1,
+           holder      = lease_steal.holder,
+           ttl         = lease_steal.ttl,
+           acquired_at = t_now,
+           renewed_at  = t_now,
+           expires_at  = t_now + lease_steal.ttl,
+           released    = false
+     WHERE l.name = lease_steal.name
+       AND (l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
+    RETURNING l.fence INTO granted;
+    IF FOUND THEN
+        RETURN granted;
+    END IF;
+
+    INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
+    VALUES (lease_steal.name, lease_steal.holder, 1, lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING l.fence INTO granted;
+    RETURN granted;
+END
+$$;
+
+-- True iff this holder holds the unexpired lease with this fence. Locks the row
+-- FOR SHARE, so a fenced write in the caller's transaction and any takeover
+-- are serialized.
+CREATE FUNCTION lease_holds(name text, holder text, fence bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pylease_check_key('name', lease_holds.name);
+    PERFORM pylease_check_key('holder', lease_holds.holder);
+    IF lease_holds.fence IS NULL THEN
+        RAISE EXCEPTION 'pylease: fence must not be NULL' USING ERRCODE = '22023';
+    END IF;
+
+    PERFORM FROM pylease_leases AS l
+      WHERE l.name = lease_holds.name AND l.holder = lease_holds.holder
+        AND l.fence = lease_holds.fence AND NOT l.released
+        AND l.expires_at > clock_timestamp()
+        FOR SHARE;
+    RETURN FOUND;
+END
+$$;
+
+-- One row per name ever claimed (all names when name is NULL); held means
+-- unexpired and not released. SQL, not PL/pgSQL: only SQL lets the argument
+-- and the output column share the name "name".
+CREATE FUNCTION lease_status(name text DEFAULT NULL)
+RETURNS TABLE(name text, holder text, fence bigint, acquired_at timestamptz,
+              renewed_at timestamptz, expires_at timestamptz, held boolean)
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
+    SELECT l.name, l.holder, l.fence, l.acquired_at, l.renewed_at, l.expires_at,
+           NOT l.released AND l.expires_at > clock_timestamp()
+      FROM pylease_leases AS l
+     WHERE $1 IS NULL OR l.name = $1
+     ORDER BY l.name;
+$$;
+
+COMMENT ON FUNCTION lease_claim(text, interval, text) IS
+    'pylease: claim a lease; returns the fence when granted, NULL when another holder''s unexpired lease stands.';
+COMMENT ON FUNCTION lease_renew(text, text, interval) IS
+    'pylease: extend a lease this holder still holds to now + ttl (the last ttl when NULL); false once lost.';
+COMMENT ON FUNCTION lease_renew_many(text[], text[], interval) IS
+    'pylease: renew many leases in one statement; one (name, renewed) row per element, in order.';
+COMMENT ON FUNCTION lease_release(text, text, interval) IS
+    'pylease: give back a lease this holder still holds (free again at acquired_at + min_hold at the earliest); NOTIFY pylease when freed.';
+COMMENT ON FUNCTION lease_steal(text, interval, text, interval) IS
+    'pylease: take a lease whatever its state when its holder last renewed at least older_than ago; the new fence or NULL.';
+COMMENT ON FUNCTION lease_holds(text, text, bigint) IS
+    'pylease: true iff the unexpired lease is held by this holder with this fence; locks the row FOR SHARE.';
+COMMENT ON FUNCTION lease_status(text) IS
+    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released.';
+
+-- Privileges ------------------------------------------------------------------
+
+REVOKE ALL ON TABLE pylease_leases FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_check_key(text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_check_ttl(text, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_check_span(text, interval) FROM PUBLIC;
+-- Stealing breaks somebody's lease: an operator grants it to the roles that may.
+REVOKE EXECUTE ON FUNCTION lease_steal(text, interval, text, interval) FROM PUBLIC;
+
+COMMIT;

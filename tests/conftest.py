@@ -1,0 +1,112 @@
+"""The test harness: a real PostgreSQL server, and a fresh database for every test.
+
+The server is found in this order: ``PYLEASE_TEST_DSN``; a server answering on
+127.0.0.1:5432 as user ``postgres``; else a throwaway server started with
+pytest-postgresql's ``postgresql_proc`` from the installed binaries (as the
+``postgres`` user when the tests run as root, since PostgreSQL refuses root).
+Every test database is cloned from a template migrated once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pylease import dsn as dsn_mod
+from pylease.migrate import migrate
+from tests import pgserver
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A DSN to the server's maintenance database, as a role that may create databases."""
+    with pgserver.find_or_start(request) as admin:
+        yield admin
+
+
+def _with_dbname(base: str, dbname: str) -> str:
+    params = dsn_mod.parse(base)
+    params["dbname"] = dbname
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+def _create_db(admin: str, dbname: str, template: str | None = None) -> str:
+    with psycopg.connect(admin, autocommit=True) as conn:
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname))
+        if template:
+            query += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        conn.execute(query)
+    return _with_dbname(admin, dbname)
+
+
+def _drop_db(admin: str, dbname: str) -> None:
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+        )
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_dsn: str) -> Iterator[str]:
+    """The name of a database with the schema migrated into it, to clone per test."""
+    name = f"pylease_tmpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    url = _create_db(pg_admin_dsn, name)
+    migrate(url, say=lambda _line: None)
+    yield name
+    _drop_db(pg_admin_dsn, name)
+
+
+@pytest.fixture
+def fresh_db(pg_admin_dsn: str) -> Iterator[tuple[str, str]]:
+    """Creates empty databases on demand; returns (create, ...) via a factory."""
+    created: list[str] = []
+
+    def make(template: str | None = None) -> str:
+        name = f"pylease_t_{uuid.uuid4().hex[:12]}"
+        created.append(name)
+        return _create_db(pg_admin_dsn, name, template)
+
+    yield make  # type: ignore[misc]
+    for name in created:
+        _drop_db(pg_admin_dsn, name)
+
+
+@pytest.fixture
+def empty_dsn(fresh_db: Any) -> str:
+    """A DSN to a fresh database without the pylease schema."""
+    url: str = fresh_db()
+    return url
+
+
+@pytest.fixture
+def dsn(fresh_db: Any, pg_template: str) -> str:
+    """A DSN to a fresh database with the pylease schema installed."""
+    url: str = fresh_db(pg_template)
+    return url
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test's database."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def conn2(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A second autocommit connection to the same database, for scripted races."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+async def aconn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """An async autocommit connection to the test's database."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        yield c
