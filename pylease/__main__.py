@@ -1,0 +1,5 @@
+"""``python -m pylease``: the ``pylease`` command."""
+
+from pylease.cli import main
+
+main()

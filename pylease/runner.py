@@ -1,0 +1,143 @@
+"""The child process of ``pylease run``: start it, pass signals on, stop it when the lease is lost.
+
+Exit codes follow the shell's: the child's own code; 128+N when a signal N killed
+it; 127 when the command does not exist; 126 when it cannot be executed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+NOT_FOUND = 127
+NOT_EXECUTABLE = 126
+LOST = 75  # EX_TEMPFAIL: somebody else has the lease now; try again later
+POLL = 0.1
+
+Say = Callable[[str], None]
+
+
+class Signalled(BaseException):
+    """A forwarded signal arrived while no child was running yet."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the child ended: the exit code to pass on, and whether the lease was lost."""
+
+    code: int
+    lost: bool
+
+
+def exit_code(returncode: int) -> int:
+    """A Popen return code as a shell reports it: a death by signal N is 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """While waiting for the lease, SIGINT, SIGTERM and SIGHUP raise :class:`Signalled`."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        raise Signalled(signum)
+
+    with _handlers(handler):
+        yield
+
+
+@contextlib.contextmanager
+def _handlers(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in FORWARDED}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _from_terminal(signum: int) -> bool:
+    """True when a terminal's Ctrl-C just sent this SIGINT to our whole process group.
+
+    The child is in our process group, so it already has its own copy; a second
+    one would look like an impatient user pressing Ctrl-C twice.
+    """
+    if signum != signal.SIGINT:
+        return False
+    for stream in (sys.stdin, sys.stderr):
+        try:
+            if stream is not None and stream.isatty():
+                return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def supervise(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    lost: threading.Event,
+    kill_after: float,
+    say: Say,
+    why_lost: Callable[[], str],
+) -> Outcome:
+    """Run ``argv`` until it exits; stop it (SIGTERM, then SIGKILL) once ``lost`` is set."""
+    try:
+        child = subprocess.Popen(list(argv), env=dict(env))
+    except FileNotFoundError:
+        say(f"{argv[0]}: command not found")
+        return Outcome(NOT_FOUND, lost=False)
+    except PermissionError:
+        say(f"{argv[0]}: permission denied")
+        return Outcome(NOT_EXECUTABLE, lost=False)
+    except OSError as exc:
+        say(f"{argv[0]}: cannot execute: {exc.strerror or exc}")
+        return Outcome(NOT_EXECUTABLE, lost=False)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if not _from_terminal(signum):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    terminated_at: float | None = None
+    killed = False
+    with _handlers(forward):
+        while True:
+            try:
+                returncode = child.wait(timeout=POLL)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if lost.is_set() and terminated_at is None:
+                say(f"{why_lost()}; sending SIGTERM to {argv[0]} (pid {child.pid})")
+                with contextlib.suppress(ProcessLookupError):
+                    child.terminate()
+                terminated_at = time.monotonic()
+            elif (
+                terminated_at is not None
+                and not killed
+                and time.monotonic() - terminated_at >= kill_after
+            ):
+                say(f"{argv[0]} still running {kill_after:g}s after SIGTERM; sending SIGKILL")
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+                killed = True
+    if terminated_at is not None:
+        return Outcome(LOST, lost=True)
+    return Outcome(exit_code(returncode), lost=False)
