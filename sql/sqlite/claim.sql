@@ -1,0 +1,30 @@
+-- claim: take lease :name for :ttl_seconds as :holder (contract: lease_claim).
+--
+-- Call it as one statement inside BEGIN IMMEDIATE ... COMMIT, so that the
+-- decision is taken under SQLite's write lock; keep nothing else in that
+-- transaction. Parameters (named):
+--   :name         TEXT, 1 to 200 characters
+--   :ttl_seconds  REAL, more than 0 and at most 31622400 (366 days)
+--   :holder       TEXT, 1 to 200 characters
+-- Result: one row (fence INTEGER) when granted; no row when another holder's
+-- unexpired lease stands (a busy claim writes nothing). Claiming again as the
+-- holder the row still names (not released) extends it and keeps the fence.
+-- Bad arguments fail with "pylease: <parameter> must ..." (constraint error).
+WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
+INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
+SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds
+  FROM clock
+ WHERE true
+    ON CONFLICT (name) DO UPDATE
+   SET fence       = CASE WHEN l.holder = excluded.holder AND NOT l.released
+                          THEN l.fence ELSE l.fence + 1 END,
+       acquired_at = CASE WHEN l.holder = excluded.holder AND NOT l.released
+                          THEN l.acquired_at ELSE excluded.acquired_at END,
+       holder      = excluded.holder,
+       ttl         = excluded.ttl,
+       renewed_at  = excluded.renewed_at,
+       expires_at  = excluded.expires_at,
+       released    = 0
+ WHERE l.expires_at <= excluded.renewed_at
+    OR (l.holder = excluded.holder AND NOT l.released)
+RETURNING fence;

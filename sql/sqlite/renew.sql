@@ -1,0 +1,17 @@
+-- renew: extend lease :name that :holder still holds to now + :ttl_seconds, or
+-- now + the last granted ttl when :ttl_seconds is NULL; also past its expiry
+-- if nobody claimed it since (contract: lease_renew).
+--
+-- Call it as one statement inside BEGIN IMMEDIATE ... COMMIT. Parameters (named):
+--   :name         TEXT, 1 to 200 characters
+--   :holder       TEXT, 1 to 200 characters
+--   :ttl_seconds  REAL or NULL; when given, more than 0 and at most 31622400
+-- Result: one row (fence INTEGER, expires_at REAL unix seconds) when renewed;
+-- no row once the lease was released, or claimed or stolen by anyone else.
+WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
+UPDATE pylease_leases
+   SET ttl        = coalesce(:ttl_seconds, ttl),
+       renewed_at = (SELECT now FROM clock),
+       expires_at = (SELECT now FROM clock) + coalesce(:ttl_seconds, ttl)
+ WHERE name = :name AND holder = :holder AND NOT released
+RETURNING fence, expires_at;

@@ -1,0 +1,58 @@
+-- pylease: the current SQLite schema, as every migration of migrations/sqlite/
+-- leaves it. Readable definition; pylease.sqlite.connect() installs it through
+-- the migrations, which it records as yoyo does. A test proves the two agree.
+-- To read, not to install: a file made from it would lack the migration records.
+-- Times are unix seconds (REAL, millisecond resolution) from SQLite's own clock.
+
+-- Tables ----------------------------------------------------------------------
+
+-- One row per name ever claimed. Rows are never deleted, so the fence of a name
+-- can only grow.
+CREATE TABLE pylease_leases (
+    name        TEXT    NOT NULL PRIMARY KEY,
+    holder      TEXT    NOT NULL,
+    fence       INTEGER NOT NULL CHECK (fence > 0),
+    ttl         REAL    NOT NULL,
+    acquired_at REAL    NOT NULL,
+    renewed_at  REAL    NOT NULL,
+    expires_at  REAL    NOT NULL,
+    released    INTEGER NOT NULL DEFAULT 0 CHECK (released IN (0, 1))
+) STRICT;
+
+-- Checks ----------------------------------------------------------------------
+
+-- A row that a caller in any language writes is checked with the messages of
+-- the PostgreSQL API (in its order: name, ttl, holder), so that bad input is
+-- never stored. Lookups with a bad name simply find nothing: callers validate.
+CREATE TRIGGER pylease_leases_insert_check BEFORE INSERT ON pylease_leases
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: name must not be NULL') WHERE NEW.name IS NULL;
+    SELECT RAISE(ABORT, 'pylease: name must not be empty') WHERE NEW.name = '';
+    SELECT RAISE(ABORT, 'pylease: name must be at most 200 characters') WHERE length(NEW.name) > 200;
+    SELECT RAISE(ABORT, 'pylease: ttl must not be NULL') WHERE NEW.ttl IS NULL;
+    SELECT RAISE(ABORT, 'pylease: ttl must be finite') WHERE abs(NEW.ttl) = 9e999;
+    SELECT RAISE(ABORT, 'pylease: ttl must be positive') WHERE NEW.ttl <= 0;
+    SELECT RAISE(ABORT, 'pylease: ttl must be at most 366 days') WHERE NEW.ttl > 31622400;
+    SELECT RAISE(ABORT, 'pylease: holder must not be NULL') WHERE NEW.holder IS NULL;
+    SELECT RAISE(ABORT, 'pylease: holder must not be empty') WHERE NEW.holder = '';
+    SELECT RAISE(ABORT, 'pylease: holder must be at most 200 characters') WHERE length(NEW.holder) > 200;
+END;
+
+CREATE TRIGGER pylease_leases_update_check BEFORE UPDATE ON pylease_leases
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: ttl must not be NULL') WHERE NEW.ttl IS NULL;
+    SELECT RAISE(ABORT, 'pylease: ttl must be finite') WHERE abs(NEW.ttl) = 9e999;
+    SELECT RAISE(ABORT, 'pylease: ttl must be positive') WHERE NEW.ttl <= 0;
+    SELECT RAISE(ABORT, 'pylease: ttl must be at most 366 days') WHERE NEW.ttl > 31622400;
+    SELECT RAISE(ABORT, 'pylease: holder must not be NULL') WHERE NEW.holder IS NULL;
+    SELECT RAISE(ABORT, 'pylease: holder must not be empty') WHERE NEW.holder = '';
+    SELECT RAISE(ABORT, 'pylease: holder must be at most 200 characters') WHERE length(NEW.holder) > 200;
+    SELECT RAISE(ABORT, 'pylease: a fence never goes back') WHERE NEW.fence < OLD.fence;
+    SELECT RAISE(ABORT, 'pylease: a lease keeps its name') WHERE NEW.name IS NOT OLD.name;
+END;
+
+-- A deleted row would let its fence start again at 1.
+CREATE TRIGGER pylease_leases_keep_rows BEFORE DELETE ON pylease_leases
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: lease rows are never deleted (their fences must not go back)');
+END;

@@ -1,0 +1,29 @@
+-- steal: take lease :name whatever its state, when its holder last claimed or
+-- renewed at least :older_than_seconds ago (or it has expired); on a name never
+-- claimed, a claim (contract: lease_steal).
+--
+-- Call it as one statement inside BEGIN IMMEDIATE ... COMMIT. Parameters (named):
+--   :name                TEXT, 1 to 200 characters
+--   :ttl_seconds         REAL, more than 0 and at most 31622400 (366 days)
+--   :holder              TEXT, 1 to 200 characters
+--   :older_than_seconds  REAL, at least 0 (0: steal unconditionally)
+-- Result: one row (fence INTEGER, always a new one) when taken; no row when the
+-- holder renewed more recently than :older_than_seconds ago.
+-- Bad arguments fail with "pylease: <parameter> must ..." (constraint error);
+-- check :older_than_seconds >= 0 yourself.
+WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
+INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
+SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds
+  FROM clock
+ WHERE true
+    ON CONFLICT (name) DO UPDATE
+   SET fence       = l.fence + 1,
+       holder      = excluded.holder,
+       ttl         = excluded.ttl,
+       acquired_at = excluded.acquired_at,
+       renewed_at  = excluded.renewed_at,
+       expires_at  = excluded.expires_at,
+       released    = 0
+ WHERE l.renewed_at <= excluded.renewed_at - :older_than_seconds
+    OR l.expires_at <= excluded.renewed_at
+RETURNING fence;
