@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -91,6 +91,21 @@ def dsn(fresh_db: Any, pg_template: str) -> str:
     return url
 
 
+@pytest.fixture(scope="module")
+def module_conn(pg_admin_dsn: str, pg_template: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to one schema-installed database shared by a module.
+
+    For many cheap tests that each leave the database as they found it.
+    """
+    name = f"pylease_m_{uuid.uuid4().hex[:12]}"
+    url = _create_db(pg_admin_dsn, name, pg_template)
+    try:
+        with psycopg.connect(url, autocommit=True) as c:
+            yield c
+    finally:
+        _drop_db(pg_admin_dsn, name)
+
+
 @pytest.fixture
 def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the test's database."""
@@ -103,6 +118,21 @@ def conn2(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """A second autocommit connection to the same database, for scripted races."""
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture
+def connect(dsn: str) -> Iterator[Callable[..., psycopg.Connection[Any]]]:
+    """Opens more connections to the test's database (autocommit unless told); closes them."""
+    opened: list[psycopg.Connection[Any]] = []
+
+    def make(autocommit: bool = True) -> psycopg.Connection[Any]:
+        c = psycopg.connect(dsn, autocommit=autocommit)
+        opened.append(c)
+        return c
+
+    yield make
+    for c in opened:
+        c.close()
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -36,16 +37,24 @@ def _pg_bindir() -> Path:
     return versions[0]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 @contextlib.contextmanager
 def _throwaway(request: pytest.FixtureRequest) -> Iterator[str]:
     """Start a server with pytest-postgresql's executor; as `postgres` when we are root."""
-    from pytest_postgresql.executors.noop import get_free_port  # type: ignore[attr-defined]
     from pytest_postgresql.executors.proc import PostgreSQLExecutor
 
     pg_ctl = str(_pg_bindir() / "pg_ctl")
     base = Path(tempfile.mkdtemp(prefix="pylease-pg-"))
     if os.geteuid() == 0:
-        # PostgreSQL refuses to run as root: run pg_ctl as postgres through a wrapper.
+        # PostgreSQL refuses to run as root: run pg_ctl (initdb, start, status, stop)
+        # as postgres through a wrapper; the data directory's parent is postgres's.
+        # Checked with: PYLEASE_TEST_THROWAWAY=1 pytest tests/test_sql_contract.py
         user = pwd.getpwnam("postgres")
         os.chown(base, user.pw_uid, user.pw_gid)
         wrapper = base / "pg_ctl"
@@ -54,7 +63,7 @@ def _throwaway(request: pytest.FixtureRequest) -> Iterator[str]:
         os.chmod(base, 0o755)
         pg_ctl = str(wrapper)
     datadir = base / "data"
-    port = get_free_port()
+    port = _free_port()
     executor = PostgreSQLExecutor(
         executable=pg_ctl,
         host="127.0.0.1",
@@ -82,6 +91,7 @@ def find_or_start(request: pytest.FixtureRequest) -> Iterator[str]:
     if explicit:
         yield explicit
         return
+    # PYLEASE_TEST_THROWAWAY=1 skips the local server, to exercise the fallback.
     if os.environ.get("PYLEASE_TEST_THROWAWAY") != "1" and _answers(LOCAL):
         yield LOCAL
         return
