@@ -201,8 +201,8 @@ END
 $$;
 
 -- Give a lease back, only if this holder still holds it. Without the WAL flush
--- when the release is a transaction of its own: a release lost in a crash only
--- keeps the lease until its expiry.
+-- when the release is the first write of its transaction: a release lost in a
+-- crash only keeps the lease until its expiry.
 CREATE FUNCTION lease_release(name text, holder text, min_hold interval DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
@@ -216,9 +216,12 @@ BEGIN
         PERFORM pylease_check_span('min_hold', lease_release.min_hold);
     END IF;
 
-    -- Only a statement that is its whole transaction gives up the flush, so a
-    -- caller's own writes in a surrounding transaction keep their durability.
-    IF transaction_timestamp() = statement_timestamp() THEN
+    -- Give up the flush only while this transaction has written nothing (as in
+    -- autocommit), so a caller's earlier writes in the same transaction keep their
+    -- durability; one who writes after releasing runs SET LOCAL synchronous_commit
+    -- = on. (transaction_timestamp() = statement_timestamp() cannot tell: drivers'
+    -- extended protocol makes them differ even in autocommit.)
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
 
