@@ -242,8 +242,7 @@ def _open(target: Target, purpose: str = "pylease") -> Iterator[tuple[Backend, A
     """A backend and its connection; closed on exit."""
     if target.sqlite:
         sqlite_mod = _sqlite_module()
-        location = target.url.removeprefix("sqlite:///") if target.embedded else target.url
-        conn = sqlite_mod.connect(location)
+        conn = sqlite_mod.connect(target.url)
         try:
             yield sqlite_mod.SqliteBackend(conn), conn
         finally:
@@ -610,9 +609,11 @@ def migrate(
         if target.sqlite:
             if schema is not None:
                 raise _fail("--schema applies to PostgreSQL only", EXIT_USAGE)
+            path = _sqlite_module().path_of(target.url)
+            existed = path.exists()
             with _open(target, "pylease migrate"):
                 pass  # connecting creates the file and applies its migrations
-            typer.echo(f"pylease: {target.shown} is up to date")
+            typer.echo(f"pylease: {path} is up to date" if existed else f"pylease: created {path}")
             return
         from pylease.migrate import migrate as run_migrate
 
