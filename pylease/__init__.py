@@ -9,16 +9,22 @@ from pylease.errors import (
     PyleaseError,
     SchemaMissing,
 )
+from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigurationError",
     "DatabaseUnavailable",
+    "Held",
     "InvalidArgument",
     "LeaseBusy",
     "LeaseLost",
+    "Outcome",
     "PyleaseError",
     "SchemaMissing",
     "__version__",
+    "keep_fresh",
+    "lease",
+    "run_exclusive",
 ]

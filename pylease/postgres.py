@@ -1,6 +1,7 @@
 """The PostgreSQL backend: each operation is one call of a ``lease_*`` SQL function.
 
-Every statement runs on the connection it is given as a statement of its own;
+Every statement runs on the connection it is given as a statement of its own,
+with tuple rows whatever the connection's row factory;
 the caller decides which connection that is (see ``pylease.lease``). Driver
 errors are mapped in one place, :func:`wrap_errors`.
 """
@@ -14,6 +15,7 @@ from typing import Any, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.rows import tuple_row
 
 from pylease._backend import LeaseRow
 from pylease.errors import DatabaseUnavailable, InvalidArgument, PyleaseError, SchemaMissing
@@ -67,7 +69,7 @@ class PostgresBackend:
         self.conn = conn
 
     def _one(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
-        with wrap_errors(name), self.conn.cursor() as cur:
+        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(query, params)
             row = cur.fetchone()
         assert row is not None
@@ -83,7 +85,7 @@ class PostgresBackend:
     def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        with wrap_errors(), self.conn.cursor() as cur:
+        with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(RENEW_MANY, (list(names), list(holders), ttl))
             return [(n, bool(r)) for n, r in cur.fetchall()]
 
@@ -100,7 +102,7 @@ class PostgresBackend:
         return bool(self._one(HOLDS, (name, holder, fence), name))
 
     def status(self, name: str | None = None) -> list[LeaseRow]:
-        with wrap_errors(name), self.conn.cursor() as cur:
+        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(STATUS, (name,))
             return [_row(r) for r in cur.fetchall()]
 
@@ -113,7 +115,7 @@ class AsyncPostgresBackend:
 
     async def _one(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
         with wrap_errors(name):
-            async with self.conn.cursor() as cur:
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(query, params)
                 row = await cur.fetchone()
         assert row is not None
@@ -130,7 +132,7 @@ class AsyncPostgresBackend:
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
         with wrap_errors():
-            async with self.conn.cursor() as cur:
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(RENEW_MANY, (list(names), list(holders), ttl))
                 return [(n, bool(r)) for n, r in await cur.fetchall()]
 
@@ -148,6 +150,6 @@ class AsyncPostgresBackend:
 
     async def status(self, name: str | None = None) -> list[LeaseRow]:
         with wrap_errors(name):
-            async with self.conn.cursor() as cur:
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(STATUS, (name,))
                 return [_row(r) for r in await cur.fetchall()]

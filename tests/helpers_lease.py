@@ -1,0 +1,91 @@
+"""Helpers for the tests of the Python API: a second party's view of the lease table."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+DEAD_URL = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
+
+# Generous bounds: the tests check behaviour, never durations.
+DETECT = 5.0
+
+
+def claim(conn: psycopg.Connection[Any], name: str, holder: str = "other", ttl: str = "10s") -> Any:
+    row = conn.execute("SELECT lease_claim(%s, %s::interval, %s)", (name, ttl, holder)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def steal(conn: psycopg.Connection[Any], name: str, holder: str = "thief") -> Any:
+    row = conn.execute("SELECT lease_steal(%s, '1 min', %s)", (name, holder)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def status(conn: psycopg.Connection[Any], name: str) -> dict[str, Any] | None:
+    cur = conn.execute(
+        "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held"
+        " FROM lease_status(%s)",
+        (name,),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip([c.name for c in cur.description or []], row, strict=True))
+
+
+def backends(conn: psycopg.Connection[Any], application_name: str) -> list[int]:
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+        " AND datname = current_database()",
+        (application_name,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def terminate(conn: psycopg.Connection[Any], pids: list[int]) -> None:
+    for pid in pids:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = DETECT) -> bool:
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+async def await_until(predicate: Callable[[], Awaitable[object]], timeout: float = DETECT) -> bool:
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        if await predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(await predicate())
+
+
+def function_calls(conn: psycopg.Connection[Any], function: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = %s",
+        (function,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def track_functions(conn: psycopg.Connection[Any]) -> None:
+    """Count function calls in this database, for connections opened from now on."""
+    dbname = conn.info.dbname
+    conn.execute(
+        psycopg.sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(
+            psycopg.sql.Identifier(dbname)
+        )
+    )
