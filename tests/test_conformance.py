@@ -1,0 +1,669 @@
+"""One table of scenarios, the behaviours of contract section 1, run against every backend.
+
+Each scenario is a list of steps on the internal Backend interface; the same
+steps must give the same results on PostgreSQL and on SQLite. A behaviour that
+differs between backends is a bug. Expiry is reached with TTLs under a second
+and a sleep a little past them; no step measures a duration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pylease._backend import Backend
+from pylease.errors import InvalidArgument
+from pylease.postgres import PostgresBackend
+from pylease.sqlite import SqliteBackend, connect
+
+LONG = timedelta(seconds=30)
+SHORT = timedelta(milliseconds=300)
+PAST_SHORT = 0.45  # seconds to sleep for a SHORT lease (or span) to be over
+DAY = timedelta(days=1)
+LONG_NAME = "n" * 200
+TOO_LONG = "n" * 201
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Remember the result (not None) under a label."""
+
+    label: str
+
+
+@dataclass(frozen=True)
+class Same:
+    """Equal to the result remembered under a label."""
+
+    label: str
+
+
+@dataclass(frozen=True)
+class Above:
+    """Greater than the result remembered under a label."""
+
+    label: str
+
+
+@dataclass(frozen=True)
+class Raises:
+    """InvalidArgument with exactly this message (and the parameter it names)."""
+
+    message: str
+
+    @property
+    def parameter(self) -> str:
+        return self.message.removeprefix("pylease: ").split(" ", 1)[0]
+
+
+def sleep_past_short() -> tuple[str, float]:
+    return ("sleep", PAST_SHORT)
+
+
+NOTHING_STORED = ("status", (None,), [])
+
+Step = tuple[Any, ...]
+
+# (id, steps). A step is (operation, args, expected) or ("sleep", seconds).
+# Operations are the Backend methods, plus "field" (name, attribute): one
+# attribute of status(name)[0]. status results are compared as
+# (name, holder, fence, held) tuples.
+SCENARIOS: list[tuple[str, list[Step]]] = [
+    # claim ---------------------------------------------------------------------
+    ("claim a new name grants fence 1", [("claim", ("a", LONG, "h1"), 1)]),
+    (
+        "claim of a held lease is busy and changes nothing",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("claim", ("a", LONG, "h2"), None),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+            ("field", ("a", "expires_at"), Same("e")),
+        ],
+    ),
+    (
+        "claim again by the holder is idempotent: same fence and acquired_at, later expiry",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("field", ("a", "acquired_at"), Keep("t")),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("sleep", 0.01),
+            ("claim", ("a", DAY, "h1"), 1),
+            ("field", ("a", "acquired_at"), Same("t")),
+            ("field", ("a", "expires_at"), Above("e")),
+        ],
+    ),
+    (
+        "claim by the holder after its own expiry, nobody having taken it, keeps the fence",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("claim", ("a", LONG, "h1"), 1),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "claim after release grants a larger fence, also to the same holder",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1"), True),
+            ("claim", ("a", LONG, "h1"), 2),
+            ("release", ("a", "h1"), True),
+            ("claim", ("a", LONG, "h2"), 3),
+        ],
+    ),
+    (
+        "claim after expiry by another holder grants the next fence",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("claim", ("a", LONG, "h2"), None),
+            sleep_past_short(),
+            ("claim", ("a", LONG, "h2"), 2),
+            ("status", ("a",), [("a", "h2", 2, True)]),
+        ],
+    ),
+    (
+        "fences per name strictly increase through claims, steals and releases",
+        [
+            ("claim", ("a", LONG, "h1"), Keep("f1")),
+            ("claim", ("b", LONG, "h1"), 1),
+            ("steal", ("a", LONG, "h2"), Above("f1")),
+            ("holds", ("a", "h2", 2), True),
+            ("release", ("a", "h2"), True),
+            ("claim", ("a", LONG, "h1"), 3),
+            ("steal", ("a", LONG, "h1"), 4),
+            ("release", ("a", "h1"), True),
+            ("steal", ("a", LONG, "h3"), 5),
+            ("status", (None,), [("a", "h3", 5, True), ("b", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "names are independent",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("claim", ("b", LONG, "h2"), 1),
+            ("claim", ("a", LONG, "h2"), None),
+            ("claim", ("b", LONG, "h1"), None),
+        ],
+    ),
+    # renew ---------------------------------------------------------------------
+    (
+        "renew by the holder extends the expiry and keeps fence and acquired_at",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("field", ("a", "acquired_at"), Keep("t")),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("sleep", 0.01),
+            ("renew", ("a", "h1"), True),
+            ("field", ("a", "expires_at"), Above("e")),
+            ("field", ("a", "acquired_at"), Same("t")),
+            ("renew", ("a", "h1", DAY), True),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "renew without ttl reuses the last granted ttl",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("renew", ("a", "h1", LONG), True),
+            ("renew", ("a", "h1"), True),
+            sleep_past_short(),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+            ("claim", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
+        "renew by another holder or of an unknown name is false",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("renew", ("a", "h2"), False),
+            ("renew", ("zz", "h1"), False),
+            ("status", (None,), [("a", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "renew works past expiry while nobody claimed",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("status", ("a",), [("a", "h1", 1, False)]),
+            ("renew", ("a", "h1", LONG), True),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+            ("holds", ("a", "h1", 1), True),
+            ("claim", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
+        "renew is false once another holder claimed after expiry",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("claim", ("a", LONG, "h2"), 2),
+            ("renew", ("a", "h1"), False),
+            ("status", ("a",), [("a", "h2", 2, True)]),
+        ],
+    ),
+    (
+        "renew is false after release",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1"), True),
+            ("renew", ("a", "h1"), False),
+            ("status", ("a",), [("a", "h1", 1, False)]),
+        ],
+    ),
+    (
+        "renew is false after a steal",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("steal", ("a", LONG, "h2"), 2),
+            ("renew", ("a", "h1"), False),
+        ],
+    ),
+    # renew_many ----------------------------------------------------------------
+    (
+        "renew_many answers each element in order",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("claim", ("b", LONG, "h2"), 1),
+            ("claim", ("c", LONG, "h1"), 1),
+            ("release", ("c", "h1"), True),
+            (
+                "renew_many",
+                (["c", "b", "zz", "a"], ["h1", "h1", "h1", "h1"]),
+                [("c", False), ("b", False), ("zz", False), ("a", True)],
+            ),
+            ("renew_many", (["a", "b"], ["h1", "h2"], DAY), [("a", True), ("b", True)]),
+            ("renew_many", ([], []), []),
+        ],
+    ),
+    (
+        "renew_many extends past expiry, with the last ttl",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("renew_many", (["a"], ["h1"]), [("a", True)]),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+            ("renew_many", (["a"], ["h1"], LONG), [("a", True)]),
+            sleep_past_short(),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
+    # release -------------------------------------------------------------------
+    (
+        "release by the holder frees the name at once",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1"), True),
+            ("status", ("a",), [("a", "h1", 1, False)]),
+            ("holds", ("a", "h1", 1), False),
+            ("claim", ("a", LONG, "h2"), 2),
+        ],
+    ),
+    (
+        "release never frees somebody else's lease",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h2"), False),
+            ("release", ("zz", "h1"), False),
+            ("status", (None,), [("a", "h1", 1, True)]),
+            ("claim", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
+        "release twice: the second is false",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1"), True),
+            ("release", ("a", "h1"), False),
+        ],
+    ),
+    (
+        "release of an expired lease that nobody took counts as held",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("release", ("a", "h1"), True),
+            ("claim", ("a", LONG, "h2"), 2),
+        ],
+    ),
+    (
+        "release after another holder took the expired lease is false",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("claim", ("a", LONG, "h2"), 2),
+            ("release", ("a", "h1"), False),
+            ("status", ("a",), [("a", "h2", 2, True)]),
+        ],
+    ),
+    (
+        "release with min_hold keeps the name unavailable until acquired_at + min_hold",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1", SHORT), True),
+            ("status", ("a",), [("a", "h1", 1, False)]),
+            ("claim", ("a", LONG, "h2"), None),
+            ("claim", ("a", LONG, "h1"), None),
+            ("renew", ("a", "h1"), False),
+            ("holds", ("a", "h1", 1), False),
+            sleep_past_short(),
+            ("claim", ("a", LONG, "h2"), 2),
+        ],
+    ),
+    (
+        "release with a min_hold already served frees at once",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            sleep_past_short(),
+            ("release", ("a", "h1", SHORT), True),
+            ("claim", ("a", LONG, "h2"), 2),
+            ("release", ("a", "h2", timedelta(0)), True),
+            ("claim", ("a", LONG, "h3"), 3),
+        ],
+    ),
+    # steal ---------------------------------------------------------------------
+    (
+        "steal by default takes the lease at once, with a new fence",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("steal", ("a", LONG, "h2"), 2),
+            ("holds", ("a", "h1", 1), False),
+            ("holds", ("a", "h2", 2), True),
+            ("release", ("a", "h1"), False),
+            ("status", ("a",), [("a", "h2", 2, True)]),
+        ],
+    ),
+    (
+        "steal by the current holder still issues a new fence",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("steal", ("a", LONG, "h1"), 2),
+            ("holds", ("a", "h1", 1), False),
+            ("holds", ("a", "h1", 2), True),
+        ],
+    ),
+    (
+        "steal with older_than waits until the holder has not renewed for that long",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("steal", ("a", LONG, "h2", SHORT), None),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+            sleep_past_short(),
+            ("renew", ("a", "h1"), True),
+            ("steal", ("a", LONG, "h2", SHORT), None),
+            sleep_past_short(),
+            ("steal", ("a", LONG, "h2", SHORT), 2),
+            ("renew", ("a", "h1"), False),
+        ],
+    ),
+    (
+        "steal takes an expired lease whatever older_than",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("steal", ("a", LONG, "h2", DAY), 2),
+        ],
+    ),
+    (
+        "steal takes a lease released with min_hold only unconditionally",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1", LONG), True),
+            ("steal", ("a", LONG, "h2", DAY), None),
+            ("steal", ("a", LONG, "h2"), 2),
+        ],
+    ),
+    (
+        "steal on a name never claimed acts as claim",
+        [
+            ("steal", ("a", LONG, "h1", DAY), 1),
+            ("claim", ("a", LONG, "h2"), None),
+            ("holds", ("a", "h1", 1), True),
+        ],
+    ),
+    # holds ---------------------------------------------------------------------
+    (
+        "holds is true only for this holder with this fence while unexpired",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("holds", ("a", "h1", 1), True),
+            ("holds", ("a", "h1", 2), False),
+            ("holds", ("a", "h2", 1), False),
+            ("holds", ("zz", "h1", 1), False),
+            sleep_past_short(),
+            ("holds", ("a", "h1", 1), False),
+        ],
+    ),
+    # status --------------------------------------------------------------------
+    (
+        "status lists every name ever claimed, in name order, or one name",
+        [
+            ("status", (None,), []),
+            ("claim", ("b", LONG, "h2"), 1),
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("claim", ("c", LONG, "h3"), 1),
+            ("release", ("c", "h3"), True),
+            sleep_past_short(),
+            (
+                "status",
+                (None,),
+                [("a", "h1", 1, False), ("b", "h2", 1, True), ("c", "h3", 1, False)],
+            ),
+            ("status", ("b",), [("b", "h2", 1, True)]),
+            ("status", ("zz",), []),
+        ],
+    ),
+    (
+        "status times: acquired at the grant, renewed at each renewal",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("field", ("a", "acquired_at"), Keep("t")),
+            ("field", ("a", "renewed_at"), Same("t")),
+            ("field", ("a", "expires_at"), Above("t")),
+            ("sleep", 0.01),
+            ("renew", ("a", "h1"), True),
+            ("field", ("a", "renewed_at"), Above("t")),
+            ("field", ("a", "acquired_at"), Same("t")),
+        ],
+    ),
+    # limits ------------------------------------------------------------------
+    (
+        "the limits themselves are valid: 200 characters, 366 days",
+        [
+            ("claim", (LONG_NAME, timedelta(days=366), "h" * 200), 1),
+            ("renew", (LONG_NAME, "h" * 200, timedelta(days=366)), True),
+            ("holds", (LONG_NAME, "h" * 200, 1), True),
+            ("release", (LONG_NAME, "h" * 200, timedelta(days=400)), True),
+        ],
+    ),
+    (
+        "names are case-sensitive and any text",
+        [
+            ("claim", ("Sweep", LONG, "h1"), 1),
+            ("claim", ("sweep", LONG, "h1"), 1),
+            ("claim", ("réport ✓ 'x'; --", LONG, "hölder"), 1),
+            ("holds", ("réport ✓ 'x'; --", "hölder", 1), True),
+        ],
+    ),
+    # bad input: the same InvalidArgument, the same message, nothing changed --------
+    ("claim: empty name", [("claim", ("", LONG, "h1"), Raises("pylease: name must not be empty"))]),
+    ("claim: NULL name", [("claim", (None, LONG, "h1"), Raises("pylease: name must not be NULL"))]),
+    (
+        "claim: name too long",
+        [("claim", (TOO_LONG, LONG, "h1"), Raises("pylease: name must be at most 200 characters"))],
+    ),
+    (
+        "claim: empty holder",
+        [("claim", ("a", LONG, ""), Raises("pylease: holder must not be empty")), NOTHING_STORED],
+    ),
+    (
+        "claim: NULL holder",
+        [("claim", ("a", LONG, None), Raises("pylease: holder must not be NULL"))],
+    ),
+    (
+        "claim: holder too long",
+        [
+            (
+                "claim",
+                ("a", LONG, TOO_LONG),
+                Raises("pylease: holder must be at most 200 characters"),
+            ),
+            NOTHING_STORED,
+        ],
+    ),
+    (
+        "claim: zero ttl",
+        [
+            ("claim", ("a", timedelta(0), "h1"), Raises("pylease: ttl must be positive")),
+            NOTHING_STORED,
+        ],
+    ),
+    (
+        "claim: negative ttl",
+        [("claim", ("a", -LONG, "h1"), Raises("pylease: ttl must be positive")), NOTHING_STORED],
+    ),
+    (
+        "claim: ttl over 366 days",
+        [
+            (
+                "claim",
+                ("a", timedelta(days=366, seconds=1), "h1"),
+                Raises("pylease: ttl must be at most 366 days"),
+            ),
+            NOTHING_STORED,
+        ],
+    ),
+    ("claim: NULL ttl", [("claim", ("a", None, "h1"), Raises("pylease: ttl must not be NULL"))]),
+    (
+        "claim: the name is checked first, then the ttl, then the holder",
+        [
+            ("claim", ("", timedelta(0), ""), Raises("pylease: name must not be empty")),
+            ("claim", ("a", timedelta(0), ""), Raises("pylease: ttl must be positive")),
+            NOTHING_STORED,
+        ],
+    ),
+    (
+        "renew: bad arguments raise even when the lease is held, and change nothing",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("renew", ("a", "h1", timedelta(0)), Raises("pylease: ttl must be positive")),
+            (
+                "renew",
+                ("a", "h1", timedelta(days=367)),
+                Raises("pylease: ttl must be at most 366 days"),
+            ),
+            ("renew", ("", "h1"), Raises("pylease: name must not be empty")),
+            ("renew", ("a", ""), Raises("pylease: holder must not be empty")),
+            ("renew", ("a", None), Raises("pylease: holder must not be NULL")),
+            ("field", ("a", "expires_at"), Same("e")),
+        ],
+    ),
+    (
+        "renew_many: bad arguments",
+        [
+            (
+                "renew_many",
+                (["a", "b"], ["h1"]),
+                Raises("pylease: holders must have as many elements as names"),
+            ),
+            (
+                "renew_many",
+                (["a", ""], ["h1", "h1"]),
+                Raises("pylease: names must hold only non-empty texts of at most 200 characters"),
+            ),
+            (
+                "renew_many",
+                (["a", TOO_LONG], ["h1", "h1"]),
+                Raises("pylease: names must hold only non-empty texts of at most 200 characters"),
+            ),
+            (
+                "renew_many",
+                (["a"], [None]),
+                Raises("pylease: holders must hold only non-empty texts of at most 200 characters"),
+            ),
+            ("renew_many", (["a"], ["h1"], timedelta(0)), Raises("pylease: ttl must be positive")),
+        ],
+    ),
+    (
+        "release: bad arguments change nothing",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1", -SHORT), Raises("pylease: min_hold must not be negative")),
+            ("release", ("", "h1"), Raises("pylease: name must not be empty")),
+            ("release", ("a", ""), Raises("pylease: holder must not be empty")),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "steal: bad arguments change nothing",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            (
+                "steal",
+                ("a", LONG, "h2", -SHORT),
+                Raises("pylease: older_than must not be negative"),
+            ),
+            ("steal", ("a", timedelta(0), "h2"), Raises("pylease: ttl must be positive")),
+            ("steal", ("a", LONG, ""), Raises("pylease: holder must not be empty")),
+            ("steal", ("", LONG, "h2"), Raises("pylease: name must not be empty")),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "holds and status: bad arguments",
+        [
+            ("holds", ("a", "h1", None), Raises("pylease: fence must not be NULL")),
+            ("holds", ("", "h1", 1), Raises("pylease: name must not be empty")),
+            ("holds", ("a", "", 1), Raises("pylease: holder must not be empty")),
+            ("status", ("",), Raises("pylease: name must not be empty")),
+            ("status", (TOO_LONG,), Raises("pylease: name must be at most 200 characters")),
+        ],
+    ),
+]
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """The same Backend interface on each backend, over a fresh database."""
+    if request.param == "postgres":
+        yield PostgresBackend(request.getfixturevalue("conn"))
+        return
+    conn = connect(tmp_path / "x.sqlite3")
+    try:
+        yield SqliteBackend(conn)
+    finally:
+        conn.close()
+
+
+def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
+    if operation == "field":
+        name, attribute = args
+        rows = backend.status(name)
+        assert len(rows) == 1, rows
+        return getattr(rows[0], attribute)
+    result = getattr(backend, operation)(*args)
+    if operation == "status":
+        return [(r.name, r.holder, r.fence, r.held) for r in result]
+    return result
+
+
+def _check(result: Any, expected: Any, seen: dict[str, Any]) -> None:
+    if isinstance(expected, Keep):
+        assert result is not None
+        seen[expected.label] = result
+    elif isinstance(expected, Same):
+        assert result == seen[expected.label]
+    elif isinstance(expected, Above):
+        assert result > seen[expected.label]
+    elif isinstance(expected, list | tuple):
+        assert isinstance(result, list | tuple) and len(result) == len(expected), result
+        for got, want in zip(result, expected, strict=True):
+            _check(got, want, seen)
+    elif expected is None or isinstance(expected, bool):
+        assert result is expected
+    else:
+        assert type(result) is type(expected) and result == expected
+
+
+def _invariants(backend: Backend) -> None:
+    for row in backend.status():
+        assert row.fence >= 1
+        assert row.acquired_at <= row.renewed_at <= row.expires_at, row
+
+
+@pytest.mark.parametrize(
+    "steps", [steps for _, steps in SCENARIOS], ids=[title for title, _ in SCENARIOS]
+)
+def test_scenario(backend: Backend, steps: list[Step]) -> None:
+    seen: dict[str, Any] = {}
+    for number, step in enumerate(steps, 1):
+        if step[0] == "sleep":
+            time.sleep(step[1])
+            continue
+        operation, args, expected = step
+        where = f"step {number}: {operation}{args!r}"
+        if isinstance(expected, Raises):
+            with pytest.raises(InvalidArgument) as info:
+                _call(backend, operation, args)
+            assert str(info.value) == expected.message, where
+            assert info.value.parameter == expected.parameter, where
+            continue
+        result = _call(backend, operation, args)
+        try:
+            _check(result, expected, seen)
+        except AssertionError as exc:
+            raise AssertionError(f"{where}: got {result!r}, expected {expected!r}") from exc
+    _invariants(backend)
+
+
+def test_scenario_titles_are_unique() -> None:
+    titles = [title for title, _ in SCENARIOS]
+    assert len(titles) == len(set(titles))
