@@ -26,5 +26,19 @@ pytest: venv
 
 test: lint typecheck pytest
 
+# `make demo`: two runs of one lease at once on the embedded SQLite default (no
+# configuration): one runs its command, the other finds the lease busy and skips.
+DEMO_RUN = $(BIN)/pylease run demo-report --ttl 10s -- \
+	sh -c 'echo "  $$0: running under lease $$PYLEASE_NAME, fence $$PYLEASE_FENCE"; sleep 3; echo "  $$0: done"'
+
+demo: venv
+	@echo "== two 'pylease run demo-report --ttl 10s -- <3s job>' at once, on the embedded SQLite default"
+	@unset PYLEASE_DSN DATABASE_URL; \
+	$(DEMO_RUN) A & a=$$!; $(DEMO_RUN) B & b=$$!; \
+	wait $$a; ra=$$?; wait $$b; rb=$$?; \
+	echo "== exit codes: A=$$ra B=$$rb (0: ran; 1: busy, skipped)"; \
+	echo "== pylease status"; $(BIN)/pylease status; \
+	test $$((ra + rb)) -eq 1
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist build
