@@ -1,0 +1,326 @@
+"""The schema as shipped: schema.sql agrees with the migrations, and it is safe to call.
+
+Security is tested as a caller would meet it: a role that may only EXECUTE, a
+schema of look-alike objects earlier in the caller's search_path.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+from pylease._resources import data_dir
+from pylease.migrate import migrate, rollback
+
+Conn = psycopg.Connection[Any]
+HOUR = timedelta(hours=1)
+
+FUNCTIONS = (
+    "lease_claim",
+    "lease_renew",
+    "lease_renew_many",
+    "lease_release",
+    "lease_steal",
+    "lease_holds",
+    "lease_status",
+)
+HELPERS = ("pylease_check_key", "pylease_check_ttl", "pylease_check_span")
+# Every object pylease owns is named like this; yoyo's bookkeeping is not ours.
+OURS = "(lease\\_%|pylease\\_%)"
+NOT_YOYO = "NOT (c.relname LIKE '\\_yoyo%' OR c.relname LIKE '\\_pylease\\_yoyo%')"
+
+CATALOG: dict[str, str] = {
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid),
+               p.prosrc, p.proargnames, p.proconfig, p.prosecdef, p.provolatile,
+               p.proacl::text, obj_description(p.oid, 'pg_proc'), p.proowner::regrole::text
+          FROM pg_proc AS p WHERE p.pronamespace = 'public'::regnamespace
+         ORDER BY 1, 2""",
+    "relations": f"""
+        SELECT c.relname, c.relkind, c.reloptions, c.relacl::text,
+               obj_description(c.oid, 'pg_class'), c.relowner::regrole::text
+          FROM pg_class AS c WHERE c.relnamespace = 'public'::regnamespace AND {NOT_YOYO}
+         ORDER BY 1""",
+    "columns": f"""
+        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
+               a.attnotnull, pg_get_expr(d.adbin, d.adrelid), a.attacl::text,
+               col_description(c.oid, a.attnum)
+          FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
+          LEFT JOIN pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE c.relnamespace = 'public'::regnamespace AND a.attnum > 0
+           AND NOT a.attisdropped AND {NOT_YOYO}
+         ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes
+         WHERE schemaname = 'public' AND tablename NOT LIKE '\\_yoyo%'
+           AND tablename NOT LIKE '\\_pylease\\_yoyo%'
+         ORDER BY 1, 2""",
+    "constraints": f"""
+        SELECT c.relname, k.conname, k.contype, pg_get_constraintdef(k.oid)
+          FROM pg_constraint AS k JOIN pg_class AS c ON c.oid = k.conrelid
+         WHERE c.relnamespace = 'public'::regnamespace AND {NOT_YOYO}
+         ORDER BY 1, 2""",
+    "triggers": f"""
+        SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid)
+          FROM pg_trigger AS t JOIN pg_class AS c ON c.oid = t.tgrelid
+         WHERE c.relnamespace = 'public'::regnamespace AND {NOT_YOYO}
+         ORDER BY 1, 2""",
+    "types": """
+        SELECT t.typname, t.typtype FROM pg_type AS t
+         WHERE t.typnamespace = 'public'::regnamespace AND t.typrelid = 0
+           AND t.typcategory <> 'A'
+         ORDER BY 1""",
+    "schema": "SELECT nspacl::text, obj_description(oid, 'pg_namespace') FROM pg_namespace"
+    " WHERE nspname = 'public'",
+}
+
+
+def catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as c:
+        return {part: c.execute(query).fetchall() for part, query in CATALOG.items()}  # type: ignore[arg-type]
+
+
+def ours(conn: Conn) -> list[str]:
+    """Every pylease function, table, index or type left in the database."""
+    rows = conn.execute(
+        f"""
+        SELECT 'function ' || proname FROM pg_proc WHERE proname SIMILAR TO '{OURS}'
+        UNION ALL
+        SELECT 'relation ' || relname FROM pg_class WHERE relname SIMILAR TO '{OURS}'
+        UNION ALL
+        SELECT 'type ' || typname FROM pg_type WHERE typname SIMILAR TO '{OURS}'
+        """  # type: ignore[arg-type]
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def quiet(_line: str) -> None:
+    pass
+
+
+@pytest.fixture
+def from_schema_sql(empty_dsn: str) -> str:
+    """A database built by running sql/postgres/schema.sql, as psql -f would."""
+    script = (data_dir("sql", "postgres") / "schema.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(script)  # type: ignore[call-overload]
+    return empty_dsn
+
+
+def test_schema_sql_and_the_migrations_build_the_same_catalog(
+    from_schema_sql: str, fresh_db: Any
+) -> None:
+    migrated: str = fresh_db()
+    assert migrate(migrated, say=quiet) == ["pylease-0001-leases"]
+    expected = catalog(from_schema_sql)
+    assert catalog(migrated) == expected
+    # The comparison covered the whole API, not an empty schema.
+    assert {r[0] for r in expected["functions"]} == {*FUNCTIONS, *HELPERS}
+    assert [r[0] for r in expected["relations"]] == ["pylease_leases", "pylease_leases_pkey"]
+    assert len(expected["constraints"]) == 4
+
+
+def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
+    migrated: str = fresh_db()
+    migrate(migrated, say=quiet)
+    with psycopg.connect(migrated, autocommit=True) as c:
+        assert c.execute("SELECT lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
+        assert len(ours(c)) > 10
+    said: list[str] = []
+    assert rollback(migrated, say=said.append) == ["pylease-0001-leases"]
+    assert said == ["rolled back pylease-0001-leases"]
+    with psycopg.connect(migrated, autocommit=True) as c:
+        assert ours(c) == []
+    assert migrate(migrated, say=quiet) == ["pylease-0001-leases"]
+    assert catalog(migrated) == catalog(from_schema_sql)
+    with psycopg.connect(migrated, autocommit=True) as c:
+        assert c.execute("SELECT lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
+
+
+def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn) -> None:
+    rows = conn.execute(
+        "SELECT proname, prosecdef, proconfig FROM pg_proc"
+        " WHERE pronamespace = 'public'::regnamespace ORDER BY proname"
+    ).fetchall()
+    assert {r[0] for r in rows} == {*FUNCTIONS, *HELPERS}
+    for proname, secdef, config in rows:
+        assert config == ["search_path=public, pg_temp"], proname
+        assert secdef is (proname in FUNCTIONS), proname
+
+
+def test_public_has_no_privilege_on_the_table(conn: Conn) -> None:
+    for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"):
+        assert not conn.execute(
+            "SELECT has_table_privilege('public', 'pylease_leases', %s)", (privilege,)
+        ).fetchone()[0], privilege  # type: ignore[index]
+
+
+def test_public_may_execute_every_function_but_steal_and_the_helpers(conn: Conn) -> None:
+    rows = conn.execute(
+        "SELECT proname, has_function_privilege('public', oid, 'EXECUTE') FROM pg_proc"
+        " WHERE pronamespace = 'public'::regnamespace"
+    ).fetchall()
+    executable = {name for name, may in rows if may}
+    assert executable == set(FUNCTIONS) - {"lease_steal"}
+
+
+def test_the_table_leaves_room_for_hot_updates(conn: Conn) -> None:
+    options = conn.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = 'pylease_leases'::regclass"
+    ).fetchone()
+    assert options is not None
+    fillfactor = dict(o.split("=") for o in options[0])["fillfactor"]
+    assert int(fillfactor) < 100
+    with conn.transaction():
+        conn.execute("SELECT lease_claim('sweep', %s, 'me')", (HOUR,))
+        for _ in range(5):
+            conn.execute("SELECT lease_renew('sweep', 'me')")
+        conn.execute("SELECT lease_release('sweep', 'me')")
+        conn.execute("SELECT lease_claim('sweep', %s, 'you')", (HOUR,))
+        counts = conn.execute(
+            "SELECT pg_stat_get_xact_tuples_updated('pylease_leases'::regclass),"
+            "       pg_stat_get_xact_tuples_hot_updated('pylease_leases'::regclass)"
+        ).fetchone()
+    assert counts == (7, 7)
+
+
+@pytest.fixture
+def app_role(conn: Conn) -> Iterator[str]:
+    """A role that may do nothing but what PUBLIC may: EXECUTE the lease functions."""
+    role = f"pylease_app_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    try:
+        yield role
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def set_role(conn: Conn, role: str) -> None:
+    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_role_with_only_execute_can_use_leases_but_not_steal(conn: Conn, app_role: str) -> None:
+    set_role(conn, app_role)
+    assert conn.execute("SELECT current_user").fetchone() == (app_role,)
+
+    def one(query: str, *params: Any) -> Any:
+        row = conn.execute(query, params).fetchone()  # type: ignore[call-overload]
+        assert row is not None
+        return row[0]
+
+    assert one("SELECT lease_claim('sweep', %s, 'me')", HOUR) == 1
+    assert one("SELECT lease_renew('sweep', 'me')") is True
+    assert conn.execute("SELECT * FROM lease_renew_many('{sweep}', '{me}')").fetchall() == [
+        ("sweep", True)
+    ]
+    assert one("SELECT lease_holds('sweep', 'me', 1)") is True
+    assert one("SELECT held FROM lease_status('sweep')") is True
+    assert one("SELECT lease_release('sweep', 'me')") is True
+    assert one("SELECT lease_claim('sweep', %s, 'me')", HOUR) == 2
+
+    for forbidden in (
+        "SELECT lease_steal('sweep', '1 hour', 'thief')",
+        "SELECT * FROM pylease_leases",
+        "UPDATE pylease_leases SET holder = 'thief'",
+        "INSERT INTO pylease_leases VALUES ('x', 'thief', 99, '1h', now(), now(), now())",
+        "DELETE FROM pylease_leases",
+        "SELECT pylease_check_key('name', 'x')",
+    ):
+        with pytest.raises(pg_errors.InsufficientPrivilege):
+            conn.execute(forbidden)  # type: ignore[call-overload]
+
+    conn.execute("RESET ROLE")
+    assert conn.execute("SELECT holder, fence FROM pylease_leases").fetchall() == [("me", 2)]
+
+
+def test_an_operator_grants_steal(conn: Conn, app_role: str) -> None:
+    conn.execute("SELECT lease_claim('sweep', '1 hour', 'stuck')")
+    conn.execute(
+        sql.SQL(
+            "GRANT EXECUTE ON FUNCTION lease_steal(text, interval, text, interval) TO {}"
+        ).format(sql.Identifier(app_role))
+    )
+    set_role(conn, app_role)
+    assert conn.execute("SELECT lease_steal('sweep', '1 hour', 'operator')").fetchone() == (2,)
+
+
+def test_a_schema_of_look_alikes_earlier_in_the_search_path_changes_nothing(
+    conn: Conn, app_role: str
+) -> None:
+    conn.execute(
+        """
+        CREATE SCHEMA evil;
+        CREATE TABLE evil.pylease_leases (LIKE public.pylease_leases);
+        CREATE TABLE evil.calls (what text);
+        CREATE FUNCTION evil.pylease_check_key(parameter text, value text) RETURNS void
+        LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('check_key ' || value) $$;
+        CREATE FUNCTION evil.pylease_check_ttl(parameter text, value interval) RETURNS void
+        LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('check_ttl') $$;
+        CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz
+        LANGUAGE sql AS $$ SELECT timestamptz '2000-01-01' $$;
+        CREATE FUNCTION evil.text_eq_always(text, text) RETURNS boolean
+        LANGUAGE sql AS $$ SELECT true $$;
+        CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.text_eq_always);
+        GRANT ALL ON SCHEMA evil TO PUBLIC;
+        GRANT ALL ON ALL TABLES IN SCHEMA evil TO PUBLIC;
+        """
+    )
+    assert conn.execute("SELECT lease_claim('mine', '1 hour', 'me')").fetchone() == (1,)
+    set_role(conn, app_role)
+    conn.execute("SET search_path = evil, public")
+    conn.execute(
+        "CREATE TEMP TABLE pylease_leases (name text, holder text, fence bigint, ttl interval,"
+        " acquired_at timestamptz, renewed_at timestamptz, expires_at timestamptz,"
+        " released boolean)"
+    )
+
+    assert conn.execute("SELECT lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
+    assert conn.execute("SELECT lease_claim('mine', '1 hour', 'you')").fetchone() == (None,)
+    with pytest.raises(pg_errors.InvalidParameterValue):
+        conn.execute("SELECT lease_claim('', '1 hour', 'me')")
+    assert conn.execute("SELECT lease_holds('sweep', 'me', 1)").fetchone() == (True,)
+    assert conn.execute("SELECT lease_release('sweep', 'other')").fetchone() == (False,)
+    assert conn.execute("SELECT name, held FROM lease_status()").fetchall() == [
+        ("mine", True),
+        ("sweep", True),
+    ]
+    assert conn.execute("SELECT count(*) FROM pg_temp.pylease_leases").fetchone() == (0,)
+
+    conn.execute("RESET ROLE")
+    assert conn.execute("SELECT count(*) FROM evil.pylease_leases").fetchone() == (0,)
+    assert conn.execute("SELECT * FROM evil.calls").fetchall() == []
+    rows = conn.execute(
+        "SELECT name, holder, fence, expires_at > clock_timestamp()"
+        " FROM public.pylease_leases ORDER BY name"
+    ).fetchall()
+    assert rows == [("mine", "me", 1, True), ("sweep", "me", 1, True)]
+
+
+def test_a_non_public_schema_needs_usage_granted(dsn: str, conn: Conn, app_role: str) -> None:
+    assert migrate(dsn, "leases", say=quiet) == ["pylease-0001-leases"]
+    config = conn.execute(
+        "SELECT DISTINCT proconfig FROM pg_proc WHERE pronamespace = 'leases'::regnamespace"
+    ).fetchall()
+    assert config == [(["search_path=leases, pg_temp"],)]
+    set_role(conn, app_role)
+    with pytest.raises(pg_errors.InsufficientPrivilege):
+        conn.execute("SELECT leases.lease_claim('sweep', '1 hour', 'me')")
+    conn.execute("RESET ROLE")
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA leases TO {}").format(sql.Identifier(app_role)))
+    set_role(conn, app_role)
+    assert conn.execute("SELECT leases.lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
+    conn.execute("SET search_path = leases")
+    assert conn.execute("SELECT lease_renew('sweep', 'me')").fetchone() == (True,)
+    conn.execute("RESET ROLE")
+    # Its own table, not public's.
+    assert conn.execute("SELECT count(*) FROM leases.pylease_leases").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM public.pylease_leases").fetchone() == (0,)
