@@ -10,6 +10,7 @@ from pylease.errors import (
     SchemaMissing,
 )
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
+from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,9 @@ __all__ = [
     "PyleaseError",
     "SchemaMissing",
     "__version__",
+    "akeep_fresh",
+    "alease",
+    "arun_exclusive",
     "keep_fresh",
     "lease",
     "run_exclusive",

@@ -90,7 +90,7 @@ def _seconds_option(parameter: str, value: object) -> float:
     return _validate.span(parameter, value).total_seconds()
 
 
-def _callable_option(parameter: str, value: object) -> None:
+def callable_option(parameter: str, value: object) -> None:
     if value is not None and not callable(value):
         raise InvalidArgument(f"pylease: {parameter} must be callable", parameter=parameter)
 
@@ -128,7 +128,7 @@ def options(
     poll = None
     if poll_interval is not None:
         poll = _validate.ttl(poll_interval, "poll_interval").total_seconds()
-    _callable_option("on_lost", on_lost)
+    callable_option("on_lost", on_lost)
     if not isinstance(heartbeat, bool):
         raise InvalidArgument("pylease: heartbeat must be True or False", parameter="heartbeat")
     return Options(name, ttl_, holder, wait_, heartbeat, min_hold_, poll)
@@ -501,5 +501,5 @@ def keep_fresh(
     name = _validate.key("name", name)
     holder = _validate.key("holder", holder)
     ttl_ = None if ttl is None else _validate.ttl(ttl)
-    _callable_option("on_lost", on_lost)
+    callable_option("on_lost", on_lost)
     return KeepFresh(target, name, holder, ttl_, on_lost)

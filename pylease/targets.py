@@ -389,10 +389,10 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
         return PoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
         return SqliteSource(conn=target), None
-    raise _bad_target(target, parameter, "lease")
+    raise bad_target(target, parameter, "lease")
 
 
-def _bad_target(target: object, parameter: str, api: str) -> InvalidArgument:
+def bad_target(target: object, parameter: str, api: str) -> InvalidArgument:
     async_ = isinstance(target, psycopg.AsyncConnection)
     pool_cls = _async_pool_class()
     async_ = async_ or (pool_cls is not None and isinstance(target, pool_cls))

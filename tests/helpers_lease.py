@@ -89,3 +89,58 @@ def track_functions(conn: psycopg.Connection[Any]) -> None:
             psycopg.sql.Identifier(dbname)
         )
     )
+
+
+# The same views through an async connection, for tests whose keeper shares the loop.
+
+AConn = psycopg.AsyncConnection[Any]
+
+
+async def aclaim(conn: AConn, name: str, holder: str = "other", ttl: str = "10s") -> Any:
+    cur = await conn.execute("SELECT lease_claim(%s, %s::interval, %s)", (name, ttl, holder))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def asteal(conn: AConn, name: str, holder: str = "thief") -> Any:
+    cur = await conn.execute("SELECT lease_steal(%s, '1 min', %s)", (name, holder))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def astatus(conn: AConn, name: str) -> dict[str, Any] | None:
+    cur = await conn.execute(
+        "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held"
+        " FROM lease_status(%s)",
+        (name,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip([c.name for c in cur.description or []], row, strict=True))
+
+
+async def abackends(conn: AConn, application_name: str) -> list[int]:
+    cur = await conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+        " AND datname = current_database()",
+        (application_name,),
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def aterminate(conn: AConn, pids: list[int]) -> None:
+    for pid in pids:
+        await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+async def asleep_until(predicate: Callable[[], object], timeout: float = DETECT) -> bool:
+    """Like wait_until, yielding to the event loop (where the keeper runs)."""
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(predicate())

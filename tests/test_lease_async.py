@@ -1,0 +1,513 @@
+"""alease(), arun_exclusive() and akeep_fresh(): the async twins of test_lease.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from pylease import (
+    DatabaseUnavailable,
+    InvalidArgument,
+    LeaseBusy,
+    LeaseLost,
+    Outcome,
+    SchemaMissing,
+    akeep_fresh,
+    alease,
+    arun_exclusive,
+)
+from pylease.heartbeat_async import keeper
+from tests.helpers_lease import (
+    DEAD_URL,
+    DETECT,
+    abackends,
+    aclaim,
+    asleep_until,
+    astatus,
+    asteal,
+    aterminate,
+    function_calls,
+    track_functions,
+    wait_until,
+)
+
+AConn = psycopg.AsyncConnection[Any]
+
+
+@pytest.fixture
+async def aconn2(dsn: str) -> AsyncIterator[AConn]:
+    """A second async autocommit connection, for the other party of a race."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+async def test_heartbeat_holds_a_1s_lease_for_3s(aconn: AConn, aconn2: AConn) -> None:
+    async with alease(aconn, "sweep", ttl=1) as held:
+        assert held.name == "sweep" and isinstance(held.fence, int)
+        limit = time.monotonic() + 3
+        while time.monotonic() < limit:
+            assert await aclaim(aconn2, "sweep") is None
+            await asyncio.sleep(0.2)
+        held.check()
+        assert not held.lost
+        row = await astatus(aconn2, "sweep")
+        assert row is not None and row["held"] and row["holder"] == held.holder
+        assert row["renewed_at"] > row["acquired_at"]
+    assert await aclaim(aconn2, "sweep") is not None
+
+
+async def test_a_steal_is_detected_and_cancels_the_body(aconn: AConn, aconn2: AConn) -> None:
+    seen: list[LeaseLost] = []
+
+    async def on_lost(error: LeaseLost) -> None:
+        seen.append(error)
+
+    reached_the_end = False
+    with pytest.raises(LeaseLost) as raised:
+        async with alease(aconn, "sweep", ttl=0.6, on_lost=on_lost):
+            await asteal(aconn2, "sweep")
+            await asyncio.sleep(DETECT)
+            reached_the_end = True
+    assert not reached_the_end
+    assert raised.value.name == "sweep"
+    assert isinstance(raised.value.__cause__, asyncio.CancelledError)
+    assert seen and seen[0].name == "sweep"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    row = await astatus(aconn2, "sweep")
+    assert row is not None and row["holder"] == "thief" and row["held"]
+
+
+async def test_a_steal_is_detected_without_cancelling(aconn: AConn, aconn2: AConn) -> None:
+    told = asyncio.Event()
+    with pytest.raises(LeaseLost):
+        async with alease(
+            aconn, "sweep", ttl=0.6, on_lost=lambda _e: told.set(), cancel_on_lost=False
+        ) as held:
+            await asteal(aconn2, "sweep")
+            await asyncio.wait_for(told.wait(), DETECT)
+            assert held.lost
+            with pytest.raises(LeaseLost):
+                held.check()
+
+
+async def test_an_outside_cancellation_stays_a_cancellation(aconn: AConn) -> None:
+    async def body() -> None:
+        async with alease(aconn, "sweep", ttl=0.6):
+            await asyncio.sleep(DETECT)
+
+    task = asyncio.create_task(body())
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_the_callers_rollback_keeps_the_renewals(aconn: AConn, aconn2: AConn) -> None:
+    await aconn.execute("CREATE TABLE work (n int)")
+    async with alease(aconn, "sweep", ttl=0.6) as held:
+        first = await astatus(aconn2, "sweep")
+        assert first is not None
+        async with aconn.transaction():
+            await aconn.execute("INSERT INTO work VALUES (1)")
+            assert await asleep_until(lambda: held._ticket.renewals >= 2)
+            # The heartbeat never commits the caller's half-done work.
+            cur = await aconn2.execute("SELECT count(*) FROM work")
+            assert await cur.fetchone() == (0,)
+            raise psycopg.Rollback
+        after = await astatus(aconn2, "sweep")
+        assert after is not None and after["renewed_at"] > first["renewed_at"] and after["held"]
+        held.check()
+    cur = await aconn2.execute("SELECT count(*) FROM work")
+    assert await cur.fetchone() == (0,)
+
+
+async def test_the_heartbeat_reconnects_after_its_backend_is_terminated(
+    aconn: AConn, aconn2: AConn
+) -> None:
+    async with alease(aconn, "sweep", ttl=1) as held:
+        pids: list[int] = []
+        for _ in range(100):
+            pids = await abackends(aconn2, "pylease-heartbeat")
+            if pids:
+                break
+            await asyncio.sleep(0.05)
+        assert pids
+        await aterminate(aconn2, pids)
+        renewals = held._ticket.renewals
+        assert await asleep_until(lambda: held._ticket.renewals > renewals + 1)
+        assert set(await abackends(aconn2, "pylease-heartbeat")) - set(pids)
+        held.check()
+        assert await aclaim(aconn2, "sweep") is None
+
+
+async def test_body_exception_survives_a_failing_release(aconn: AConn, aconn2: AConn) -> None:
+    with pytest.raises(KeyError) as raised:
+        async with alease(aconn, "sweep", ttl=5):
+            await aconn2.execute(
+                "ALTER FUNCTION lease_release(text, text, interval) RENAME TO gone"
+            )
+            raise KeyError("body")
+    assert raised.value.args == ("body",)
+    notes = getattr(raised.value, "__notes__", [])
+    assert any("releasing lease 'sweep' failed" in n for n in notes), notes
+
+
+async def test_a_failing_release_raises_when_the_body_returned(aconn: AConn, aconn2: AConn) -> None:
+    with pytest.raises(SchemaMissing):
+        async with alease(aconn, "sweep", ttl=5):
+            await aconn2.execute(
+                "ALTER FUNCTION lease_release(text, text, interval) RENAME TO gone"
+            )
+
+
+async def test_an_unreachable_database_at_release_only_warns(
+    dsn: str, aconn2: AConn, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as mine:
+        async with alease(mine, "sweep", ttl=5):
+            await aterminate(aconn2, [mine.info.backend_pid])
+    assert any(
+        r.levelno == logging.WARNING and "could not release" in r.getMessage()
+        for r in caplog.records
+    )
+    row = await astatus(aconn2, "sweep")
+    assert row is not None and row["held"]
+
+
+async def test_body_exception_notes_a_lost_lease(aconn: AConn, aconn2: AConn) -> None:
+    with pytest.raises(KeyError) as raised:
+        async with alease(aconn, "sweep", ttl=5):
+            await asteal(aconn2, "sweep")
+            raise KeyError("body")
+    assert any("was lost" in n for n in getattr(raised.value, "__notes__", []))
+
+
+async def test_a_lost_release_raises_lease_lost(aconn: AConn, aconn2: AConn) -> None:
+    with pytest.raises(LeaseLost):
+        async with alease(aconn, "sweep", ttl=5, heartbeat=False):
+            await asteal(aconn2, "sweep")
+    row = await astatus(aconn2, "sweep")
+    assert row is not None and row["holder"] == "thief" and row["held"]
+
+
+async def test_without_heartbeat_check_raises_once_the_ttl_ran_out(aconn: AConn) -> None:
+    with pytest.raises(LeaseLost):
+        async with alease(aconn, "sweep", ttl=0.2, heartbeat=False) as held:
+            held.check()
+            await asyncio.sleep(0.3)
+            assert held.lost
+            with pytest.raises(LeaseLost):
+                held.check()
+
+
+async def test_busy_at_once_with_wait_0(aconn: AConn, aconn2: AConn) -> None:
+    await aclaim(aconn2, "sweep", holder="them")
+    with pytest.raises(LeaseBusy) as raised:
+        async with alease(aconn, "sweep", ttl=5):
+            pytest.fail("the body ran")
+    assert (raised.value.name, raised.value.holder, raised.value.waited) == ("sweep", "them", 0.0)
+
+
+async def test_busy_after_wait(aconn: AConn, aconn2: AConn) -> None:
+    await aclaim(aconn2, "sweep", holder="them")
+    with pytest.raises(LeaseBusy) as raised:
+        async with alease(aconn, "sweep", ttl=5, wait=0.4):
+            pytest.fail("the body ran")
+    assert (raised.value.name, raised.value.holder) == ("sweep", "them")
+    assert raised.value.waited >= 0.4
+
+
+async def test_a_waiter_gets_an_expired_lease(aconn: AConn, aconn2: AConn) -> None:
+    await aclaim(aconn2, "sweep", holder="them", ttl="300ms")
+    async with alease(aconn, "sweep", ttl=5, wait=DETECT, poll_interval=60) as held:
+        row = await astatus(aconn2, "sweep")
+        assert row is not None and row["holder"] == held.holder
+
+
+async def _waiter(target: object, name: str, result: dict[str, Any], **options: Any) -> None:
+    try:
+        async with alease(target, name, ttl=5, **options) as held:
+            result["fence"] = held.fence
+            result["at"] = time.monotonic()
+    except Exception as exc:
+        result["error"] = exc
+
+
+async def test_a_handover_through_notify(dsn: str, aconn: AConn, aconn2: AConn) -> None:
+    # The holder's ttl and the poll interval are far longer than the bound, so only
+    # the release's NOTIFY can wake the waiter in time.
+    result: dict[str, Any] = {}
+    async with alease(aconn, "sweep", ttl=120):
+        task = asyncio.create_task(_waiter(dsn, "sweep", result, wait=60, poll_interval=60))
+        for _ in range(100):
+            if await abackends(aconn2, "pylease-listen"):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        released_at = time.monotonic()
+    await asyncio.wait_for(task, DETECT)
+    assert "fence" in result, result
+    assert result["at"] - released_at < 2.0
+
+
+async def test_waiting_degrades_to_polling_when_listen_breaks(
+    dsn: str, aconn: AConn, aconn2: AConn
+) -> None:
+    result: dict[str, Any] = {}
+    async with alease(aconn, "sweep", ttl=120):
+        task = asyncio.create_task(_waiter(dsn, "sweep", result, wait=30, poll_interval=0.2))
+        pids: list[int] = []
+        for _ in range(100):
+            pids = await abackends(aconn2, "pylease-listen")
+            if pids:
+                break
+            await asyncio.sleep(0.05)
+        await aterminate(aconn2, pids)
+        await asyncio.sleep(0.3)
+    await asyncio.wait_for(task, DETECT)
+    assert "fence" in result, result
+
+
+async def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    track_functions(conn)
+    async with AsyncExitStack() as stack:
+        helds = [
+            await stack.enter_async_context(alease(dsn, f"job-{i}", ttl=0.9)) for i in range(1000)
+        ]
+        assert await asleep_until(lambda: all(h._ticket.renewals >= 2 for h in helds), 30)
+        ticks = max(h._ticket.renewals for h in helds)
+    assert wait_until(lambda: function_calls(conn, "lease_renew_many") > 0)
+    calls = function_calls(conn, "lease_renew_many")
+    assert 2 <= calls <= ticks + 1, (calls, ticks)
+    assert function_calls(conn, "lease_renew") == 0
+    assert function_calls(conn, "lease_release") == 1000
+
+
+async def test_errors_pickle(aconn: AConn, aconn2: AConn) -> None:
+    await aclaim(aconn2, "sweep", holder="them")
+    with pytest.raises(LeaseBusy) as busy:
+        async with alease(aconn, "sweep", ttl=5):
+            pass
+    copy = pickle.loads(pickle.dumps(busy.value))
+    assert (type(copy), copy.name, copy.holder, str(copy)) == (
+        LeaseBusy,
+        "sweep",
+        "them",
+        str(busy.value),
+    )
+    with pytest.raises(LeaseLost) as lost:
+        async with alease(aconn, "other", ttl=5):
+            await asteal(aconn2, "other")
+    copy = pickle.loads(pickle.dumps(lost.value))
+    assert (type(copy), copy.name, copy.reason) == (LeaseLost, "other", lost.value.reason)
+
+
+async def test_run_exclusive_runs_the_work(aconn: AConn, aconn2: AConn) -> None:
+    async def work() -> str:
+        assert await aclaim(aconn2, "sweep") is None
+        return "done"
+
+    assert await arun_exclusive(aconn, "sweep", 5, work) == Outcome(True, "done")
+    assert await aclaim(aconn2, "sweep") is not None
+
+
+async def test_run_exclusive_is_silent_when_busy(
+    aconn: AConn, aconn2: AConn, caplog: pytest.LogCaptureFixture
+) -> None:
+    await aclaim(aconn2, "sweep")
+    caplog.set_level(logging.DEBUG, "pylease")
+
+    async def work() -> None:
+        pytest.fail("ran")
+
+    assert await arun_exclusive(aconn, "sweep", 5, work) == Outcome(False, None)
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO]
+
+
+async def test_run_exclusive_raises_on_a_missing_schema(empty_dsn: str) -> None:
+    async def work() -> None:
+        return None
+
+    with pytest.raises(SchemaMissing) as raised:
+        await arun_exclusive(empty_dsn, "sweep", 5, work)
+    assert isinstance(raised.value.__cause__, psycopg.Error)
+
+
+async def test_run_exclusive_raises_on_a_dead_server() -> None:
+    async def work() -> None:
+        return None
+
+    with pytest.raises(DatabaseUnavailable) as raised:
+        await arun_exclusive(DEAD_URL, "sweep", 5, work)
+    assert isinstance(raised.value.__cause__, psycopg.OperationalError)
+
+
+async def test_run_exclusive_raises_the_works_exception(aconn: AConn, aconn2: AConn) -> None:
+    async def work() -> None:
+        raise RuntimeError("sweep failed")
+
+    with pytest.raises(RuntimeError, match="sweep failed"):
+        await arun_exclusive(aconn, "sweep", 5, work)
+    assert await aclaim(aconn2, "sweep") is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"name": ""}, "name"),
+        ({"name": "x" * 201}, "name"),
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -1}, "ttl"),
+        ({"holder": ""}, "holder"),
+        ({"wait": -1}, "wait"),
+        ({"min_hold": -1}, "min_hold"),
+        ({"on_lost": "no"}, "on_lost"),
+    ],
+)
+async def test_invalid_arguments_raise_before_any_sql(
+    kwargs: dict[str, Any], parameter: str
+) -> None:
+    args: dict[str, Any] = {"name": "sweep", "ttl": 5, **kwargs}
+    with pytest.raises(InvalidArgument) as raised:
+        alease(DEAD_URL, **args)
+    assert isinstance(raised.value, ValueError)
+    assert raised.value.parameter == parameter
+
+    async def work() -> None:
+        return None
+
+    with pytest.raises(InvalidArgument):
+        await arun_exclusive(DEAD_URL, work=work, **args)
+
+
+async def test_a_target_of_the_wrong_kind_is_refused(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidArgument, match="lease"):
+        async with alease(conn, "sweep", ttl=5):
+            pass
+    with pytest.raises(InvalidArgument, match="target"):
+        async with alease(42, "sweep", ttl=5):
+            pass
+
+
+async def test_a_pool_target(dsn: str, aconn2: AConn) -> None:
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        async with alease(pool, "sweep", ttl=0.6) as held:
+            assert await asleep_until(lambda: held._ticket.renewals >= 2)
+            assert await aclaim(aconn2, "sweep") is None
+            held.check()
+        assert await aclaim(aconn2, "sweep") is not None
+
+
+async def test_a_url_target(dsn: str, aconn2: AConn) -> None:
+    async with alease(dsn, "sweep", ttl=0.6) as held:
+        assert await asleep_until(lambda: held._ticket.renewals >= 2)
+        assert await aclaim(aconn2, "sweep") is None
+    assert await aclaim(aconn2, "sweep") is not None
+
+    async def work() -> int:
+        return 7
+
+    assert await arun_exclusive(dsn, "sweep2", 5, work) == Outcome(True, 7)
+
+
+async def test_a_connection_with_another_row_factory(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, row_factory=dict_row
+    ) as mine:
+        async with alease(mine, "sweep", ttl=0.6) as held:
+            assert await asleep_until(lambda: held._ticket.renewals >= 1)
+            assert isinstance(held.fence, int)
+        cur = await mine.execute("SELECT 1 AS one")
+        assert await cur.fetchone() == {"one": 1}
+
+
+async def test_a_claim_from_inside_a_transaction_commits_on_its_own(
+    dsn: str, aconn2: AConn
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as mine:  # not autocommit
+        await mine.execute("SELECT 1")  # the caller's transaction is open
+        async with alease(mine, "sweep", ttl=5) as held:
+            row = await astatus(aconn2, "sweep")
+            assert row is not None and row["holder"] == held.holder
+        assert mine.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert await aclaim(aconn2, "sweep") is not None
+        await mine.rollback()
+
+
+async def test_an_idle_non_autocommit_connection_commits_claim_and_release(
+    dsn: str, aconn2: AConn
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as mine:
+        async with alease(mine, "sweep", ttl=5) as held:
+            assert mine.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            row = await astatus(aconn2, "sweep")
+            assert row is not None and row["holder"] == held.holder
+        assert mine.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert await aclaim(aconn2, "sweep") is not None
+
+
+async def test_min_hold_keeps_the_name_after_release(aconn: AConn, aconn2: AConn) -> None:
+    async with alease(aconn, "sweep", ttl=5, min_hold=60):
+        pass
+    assert await aclaim(aconn2, "sweep") is None
+    row = await astatus(aconn2, "sweep")
+    assert row is not None and not row["held"]  # released, yet not free before min_hold
+
+
+async def test_default_holders_are_unique_per_claim(aconn: AConn) -> None:
+    async with alease(aconn, "a", ttl=5) as a, alease(aconn, "b", ttl=5) as b:
+        assert a.holder != b.holder
+        host, pid, token = a.holder.rsplit(":", 2)
+        assert len(token) == 32 and int(pid) > 0 and host
+
+
+async def test_stopping_while_ticks_run_never_reports_a_loss(aconn: AConn) -> None:
+    seen: list[LeaseLost] = []
+    for i in range(30):
+        async with alease(aconn, f"quick-{i}", ttl=0.15, on_lost=seen.append):
+            await asyncio.sleep(0.05 + (i % 5) * 0.01)
+    assert seen == []
+    assert keeper().tickets() == []
+
+
+async def test_keep_fresh_renews_somebody_elses_lease(
+    dsn: str, aconn: AConn, aconn2: AConn
+) -> None:
+    await aclaim(aconn2, "sweep", holder="owner", ttl="600ms")
+    async with akeep_fresh(dsn, "sweep", "owner") as held:
+        assert held.holder == "owner" and held.fence == 1
+        await asyncio.sleep(1.5)
+        assert await aclaim(aconn, "sweep") is None
+        held.check()
+    row = await astatus(aconn2, "sweep")
+    assert row is not None and row["holder"] == "owner" and row["held"]
+
+
+async def test_keep_fresh_of_a_lease_not_held_raises(dsn: str, aconn2: AConn) -> None:
+    await aclaim(aconn2, "sweep", holder="owner")
+    with pytest.raises(LeaseLost):
+        async with akeep_fresh(dsn, "sweep", "somebody"):
+            pytest.fail("the body ran")
+
+
+async def test_keep_fresh_notices_a_loss(dsn: str, aconn2: AConn) -> None:
+    await aclaim(aconn2, "sweep", holder="owner", ttl="600ms")
+    told = asyncio.Event()
+    with pytest.raises(LeaseLost):
+        async with akeep_fresh(dsn, "sweep", "owner", on_lost=lambda _e: told.set()) as held:
+            await asteal(aconn2, "sweep")
+            await asyncio.wait_for(told.wait(), DETECT)
+            assert held.lost
