@@ -11,8 +11,6 @@ import contextlib
 import importlib
 import json
 import os
-import secrets
-import socket
 import sqlite3
 import sys
 import threading
@@ -34,6 +32,7 @@ from pylease.errors import (
     InvalidArgument,
     PyleaseError,
 )
+from pylease.leasing import default_holder
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -282,11 +281,6 @@ def _now(target: Target, conn: Any) -> datetime:
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def default_holder() -> str:
-    """Unique per claim: 128 random bits, with host and pid for the humans reading status."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(16)}"
 
 
 def _current(backend: Backend, name: str) -> LeaseRow | None:
@@ -623,64 +617,6 @@ def migrate(
 # pylease run ---------------------------------------------------------------------
 
 
-class _Keeper(threading.Thread):
-    """Renews the lease on its own connection while the command runs, then releases it."""
-
-    def __init__(self, target: Target, name: str, holder: str, ttl: timedelta) -> None:
-        super().__init__(name=f"pylease keeper {name}", daemon=True)
-        self.target, self.lease_name, self.holder, self.ttl = target, name, holder, ttl
-        self.lost = threading.Event()
-        self.reason = ""
-        self.min_hold: timedelta | None = None
-        self.released: bool | None = None
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        self._ready = threading.Event()
-
-    def start_keeping(self) -> None:
-        self.start()
-        self._ready.wait()
-        if self.error is not None:
-            raise self.error
-
-    def finish(self, min_hold: timedelta | None) -> None:
-        self.min_hold = min_hold
-        self._done.set()
-        self.join()
-
-    def run(self) -> None:
-        period = max(self.ttl.total_seconds() / 3, 0.05)
-        last_renewed = time.monotonic()
-        try:
-            opened = _open(self.target, "pylease run")
-            backend, _conn = opened.__enter__()
-        except BaseException as exc:
-            self.error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            while not self._done.wait(period):
-                try:
-                    if not backend.renew(self.lease_name, self.holder):
-                        self.reason = "it was taken by another holder"
-                        self.lost.set()
-                        return
-                    last_renewed = time.monotonic()
-                except PyleaseError as exc:
-                    if time.monotonic() - last_renewed >= self.ttl.total_seconds():
-                        self.reason = f"it could not be renewed before expiring: {exc}"
-                        self.lost.set()
-                        return
-            try:
-                self.released = backend.release(self.lease_name, self.holder, self.min_hold)
-            except Exception as exc:
-                self.error = exc
-        finally:
-            with contextlib.suppress(Exception):
-                opened.__exit__(None, None, None)
-
-
 @app.command(
     epilog="Exit codes: the command's own; 128+N when signal N killed it; 127 command not "
     "found; 126 not executable; 75 the lease was lost while it ran; --busy-exit (default 1) "
@@ -748,24 +684,41 @@ def run(
     Example: pylease run nightly-report --ttl 10m --busy-exit 0 -- ./report.sh --full
     """
     from pylease import runner
+    from pylease.errors import LeaseBusy, LeaseLost
+    from pylease.leasing import lease
 
-    code = EXIT_OK
     with _edge(verbose):
         _key("name", name)
         holder = _key("holder", holder) if holder is not None else default_holder()
         target = _target(dsn)
-        keeper = _Keeper(target, name, holder, ttl)
+        lost = threading.Event()
+        why: list[str] = []
+
+        def on_lost(error: LeaseLost) -> None:  # on the heartbeat's thread
+            why.append(str(error))
+            lost.set()
+
+        # Our own claim first, with the spinner; then lease() claims it again, which
+        # for the holder that has it is idempotent (same fence), and keeps it fresh.
+        holding = lease(target.url, name, ttl, holder=holder, on_lost=on_lost, min_hold=min_hold)
+        entered = False
         try:
             with runner.signals_raise():
                 fence, row, now = _run_claim(target, name, ttl, holder, wait, quiet)
+                if fence is not None:
+                    try:
+                        fence = holding.__enter__().fence
+                        entered = True
+                    except LeaseBusy:  # it expired and was taken in between
+                        fence, row, now = None, None, datetime.now(UTC)
                 if fence is None:
                     if not quiet:
                         _say(_busy_line(name, row, now))
                     raise typer.Exit(busy_exit)
-                keeper.start_keeping()
         except runner.Signalled as sig:
-            if keeper.is_alive():
-                keeper.finish(None)
+            if entered:
+                with contextlib.suppress(Exception):
+                    holding.__exit__(None, None, None)
             raise typer.Exit(128 + sig.signum) from None
         env = dict(os.environ)
         env.update(
@@ -777,20 +730,20 @@ def run(
         outcome = runner.supervise(
             cmd,
             env,
-            lost=keeper.lost,
+            lost=lost,
             kill_after=kill_after.total_seconds(),
             say=_say,
-            why_lost=lambda: f"lease {name!r} was lost: {keeper.reason}",
+            why_lost=lambda: why[0] if why else f"lease {name!r} was lost",
         )
-        keeper.finish(min_hold)
-        code = outcome.code
-        if outcome.lost:
-            code = runner.LOST
-        elif keeper.lost.is_set() or keeper.released is False:
-            _say(f"lease {name!r} was lost before {cmd[0]} finished: {keeper.reason or 'taken'}")
-            code = runner.LOST
-        elif keeper.error is not None:
-            _say(f"could not release lease {name!r} (it will expire): {keeper.error}")
+        code = runner.LOST if outcome.lost else outcome.code
+        try:
+            holding.__exit__(None, None, None)  # releases, with --min-hold
+        except LeaseLost as exc:
+            if not outcome.lost:
+                _say(f"{exc}; {cmd[0]} ran to its end without it")
+                code = runner.LOST
+        except PyleaseError as exc:
+            _say(f"could not release lease {name!r}, it stays held until it expires: {exc}")
     raise typer.Exit(code)
 
 
