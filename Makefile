@@ -40,5 +40,18 @@ demo: venv
 	echo "== pylease status"; $(BIN)/pylease status; \
 	test $$((ra + rb)) -eq 1
 
+# `make bench`: pylease against its floors and its peers, side by side (benchmarks/,
+# issue 6). Drops, creates and migrates the throwaway database pylease_bench, then
+# writes benchmarks/results/latest.{json,md} and throughput.png; under 5 minutes.
+BENCH_DSN   ?= postgresql://postgres@127.0.0.1:5432/pylease_bench
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks --fresh --dsn '$(BENCH_DSN)' $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist build

@@ -1,0 +1,219 @@
+"""Section 6: worker processes cycling over 1 name and over 64, with a witness of exclusion.
+
+Each worker is a process with one connection, as separate application servers
+would be. A cycle is: claim; a fenced write entering the witness row; a fenced
+write leaving it; release. A claim that finds the name busy waits for the
+``pylease`` notification (at most 50 ms, as ``lease(..., wait=...)`` does) and
+tries again. The witness (``bench_witness_enter``/``_leave`` in ``_db.py``)
+counts every tenure that found another still inside, or an older fence after a
+newer one: the run proves zero overlapping tenures when that count is zero.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import time
+from datetime import timedelta
+from multiprocessing.connection import Connection as Pipe
+from typing import Any
+
+import psycopg
+
+from benchmarks._core import Context, Section, Target, unique
+from benchmarks._stats import fmt_rate, summary
+
+CLAIM = "SELECT lease_claim(%s, %s, %s)"
+RELEASE = "SELECT lease_release(%s, %s)"
+ENTER = "SELECT bench_witness_enter(%s, %s, %s)"
+LEAVE = "SELECT bench_witness_leave(%s, %s, %s)"
+TTL = timedelta(seconds=30)
+BUSY_WAIT = 0.05
+
+
+def mp_context() -> Any:
+    """forkserver: children start from a clean, preloaded process, not a copy of ours."""
+    try:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["psycopg", "benchmarks.contention"])
+        return ctx
+    except ValueError:
+        return mp.get_context("spawn")
+
+
+def worker(dsn: str, index: int, pipe: Pipe) -> None:
+    """Serve ``(names, seconds, start_at)`` commands until told ``None``."""
+    conn = psycopg.connect(dsn, autocommit=True, application_name=f"pylease-bench-w{index}")
+    conn.execute("LISTEN pylease")
+    holder = f"bench-w{index}-{os.getpid()}"
+    cur = conn.cursor()
+    rng = random.Random(index)
+    pipe.send("ready")
+    while (command := pipe.recv()) is not None:
+        names, seconds, start_at = command
+        for _ in conn.notifies(timeout=0):  # stale wake-ups from the previous run
+            pass
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        deadline = start_at + seconds
+        cycles = busy = overlaps = rejected = 0
+        one = names[0] if len(names) == 1 else None
+        while time.monotonic() < deadline:
+            name = one or rng.choice(names)
+            cur.execute(CLAIM, (name, TTL, holder))
+            fence = cur.fetchone()[0]  # type: ignore[index]
+            if fence is None:
+                busy += 1
+                for _ in conn.notifies(timeout=BUSY_WAIT, stop_after=1):
+                    pass
+                continue
+            for statement in (ENTER, LEAVE):
+                cur.execute(statement, (name, holder, fence))
+                verdict = cur.fetchone()[0]  # type: ignore[index]
+                if verdict == "rejected":
+                    rejected += 1
+                elif verdict != "ok":
+                    overlaps += 1
+            cur.execute(RELEASE, (name, holder))
+            cur.fetchone()
+            cycles += 1
+        pipe.send((cycles, busy, overlaps, rejected, time.monotonic() - start_at))
+    conn.close()
+
+
+class Workers:
+    """A fixed set of worker processes, started once and reused for every configuration."""
+
+    def __init__(self, dsn: str, size: int) -> None:
+        ctx = mp_context()
+        self.pipes: list[Pipe] = []
+        self.procs: list[Any] = []
+        for index in range(size):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=worker, args=(dsn, index, theirs), daemon=True)
+            proc.start()
+            self.pipes.append(ours)
+            self.procs.append(proc)
+        for pipe in self.pipes:
+            if not pipe.poll(60) or pipe.recv() != "ready":
+                raise RuntimeError("bench: a contention worker did not start")
+
+    def run(self, count: int, names: list[str], seconds: float) -> list[tuple[int, ...]]:
+        start_at = time.monotonic() + 0.05
+        for pipe in self.pipes[:count]:
+            pipe.send((names, seconds, start_at))
+        return [pipe.recv() for pipe in self.pipes[:count]]
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+
+
+def bench_contention(ctx: Context) -> Section:
+    s = ctx.scale
+    section = Section(
+        "contention",
+        "6. Contention: worker processes cycling over 1 name and over 64 names",
+        header=["workers"]
+        + [f"{n} name{'s' if n > 1 else ''}: cycles/s median [min..max]" for n in s.names]
+        + [f"{n} name{'s' if n > 1 else ''}: busy claims/s" for n in s.names],
+    )
+    name_sets = {n: [f"{unique(f'contend{n}')}-{i:02d}" for i in range(n)] for n in s.names}
+    with ctx.connect() as conn:
+        conn.execute(
+            "INSERT INTO bench_witness (name) SELECT unnest(%s::text[])",
+            ([x for names in name_sets.values() for x in names],),
+        )
+    configs = [(w, n) for w in s.workers for n in s.names]
+    rates: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
+    busy_rates: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
+    totals = {"cycles": 0, "busy": 0, "overlaps": 0, "rejected": 0}
+    pool = Workers(ctx.dsn, max(s.workers))
+    try:
+        for r in range(s.contention_rounds):
+            for config in configs if r % 2 == 0 else list(reversed(configs)):
+                count, n = config
+                results = pool.run(count, name_sets[n], s.contention_seconds)
+                elapsed = max(res[4] for res in results)
+                cycles = sum(res[0] for res in results)
+                busy = sum(res[1] for res in results)
+                rates[config].append(cycles / elapsed)
+                busy_rates[config].append(busy / elapsed)
+                totals["cycles"] += cycles
+                totals["busy"] += busy
+                totals["overlaps"] += sum(res[2] for res in results)
+                totals["rejected"] += sum(res[3] for res in results)
+    finally:
+        pool.close()
+
+    with ctx.connect() as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(entries), 0), coalesce(sum(violations), 0),"
+            " count(*) FILTER (WHERE occupant IS NOT NULL)"
+            " FROM bench_witness WHERE name = ANY(%s)",
+            ([x for names in name_sets.values() for x in names],),
+        ).fetchone()
+    entries, violations, occupied = (int(v) for v in row)  # type: ignore[union-attr]
+    witness = {
+        "tenures_reported": totals["cycles"],
+        "tenures_witnessed": entries,
+        "violations": violations,
+        "overlaps_seen_by_workers": totals["overlaps"],
+        "fenced_writes_rejected": totals["rejected"],
+        "rows_left_occupied": occupied,
+    }
+    clean = (
+        violations == 0
+        and totals["overlaps"] == 0
+        and occupied == 0
+        and entries == totals["cycles"]
+        and totals["rejected"] == 0
+    )
+    for w in s.workers:
+        row_cells = [str(w)]
+        for n in s.names:
+            st = summary(rates[(w, n)])
+            row_cells.append(f"{fmt_rate(st['median'])} [{st['min']:,.0f}..{st['max']:,.0f}]")
+        for n in s.names:
+            row_cells.append(fmt_rate(summary(busy_rates[(w, n)])["median"]))
+        section.rows.append(row_cells)
+    section.notes.append(
+        f"Witness: {entries:,} tenures witnessed for {totals['cycles']:,} cycles counted, "
+        f"{violations} overlapping or out-of-order tenures, {occupied} witness rows left occupied, "
+        f"{totals['rejected']} fenced writes rejected: "
+        + ("zero overlapping tenures." if clean else "EXCLUSION VIOLATED.")
+    )
+    section.notes.append(
+        "Each cycle is four statements: claim, two fenced witness writes (no WAL flush), release."
+    )
+    section.targets.append(
+        Target(
+            "6-witness",
+            "Contention: overlapping tenures",
+            "overlapping tenures seen by the witness",
+            goal=0,
+            higher_is_better=False,
+            unit="count",
+            value=float(
+                violations
+                + totals["overlaps"]
+                + occupied
+                + totals["rejected"]
+                + abs(entries - totals["cycles"])
+            ),
+            detail=f"{entries:,} tenures witnessed, {totals['cycles']:,} counted",
+        )
+    )
+    section.data = {
+        "cycles_per_second": {f"{w}x{n}": summary(rates[(w, n)]) for w, n in configs},
+        "busy_claims_per_second": {f"{w}x{n}": summary(busy_rates[(w, n)]) for w, n in configs},
+        "workers": list(s.workers),
+        "names": list(s.names),
+        "seconds_per_run": s.contention_seconds,
+        "witness": witness,
+    }
+    return section
