@@ -375,8 +375,8 @@ def claim(
         _key("name", name)
         holder = _key("holder", holder) if holder is not None else default_holder()
         target = _target(dsn)
-        with _open(target, "pylease claim") as (backend, conn):
-            fence, row = _claim_waiting(backend, conn, target, name, ttl, holder, wait)
+        with _open(target, "pylease claim") as (backend, conn), _spinner(name, False) as show:
+            fence, row = _claim_waiting(backend, conn, target, name, ttl, holder, wait, show)
             now = _now(target, conn)
             mine = _current(backend, name) if fence is not None else None
         standing = mine or row
@@ -758,19 +758,28 @@ def _run_claim(
 
 @contextlib.contextmanager
 def _spinner(name: str, quiet: bool) -> Iterator[Callable[[LeaseRow | None], None]]:
+    """A spinner on stderr, shown from the first busy claim on, only on a terminal."""
     if quiet or not sys.stderr.isatty():
         yield lambda _row: None
         return
     from rich.console import Console
+    from rich.status import Status
 
-    console = Console(stderr=True)
-    with console.status(f"waiting for lease {name!r}") as spinner:
+    shown: list[Status] = []
 
-        def show(row: LeaseRow | None) -> None:
-            who = f": held by {row.holder}" if row is not None and row.held else ""
-            spinner.update(f"waiting for lease {name!r}{who}")
+    def show(row: LeaseRow | None) -> None:
+        who = f": held by {row.holder}" if row is not None and row.held else ""
+        text = f"waiting for lease {name!r}{who}"
+        if not shown:
+            shown.append(Console(stderr=True).status(text))
+            shown[0].start()
+        shown[0].update(text)
 
+    try:
         yield show
+    finally:
+        if shown:
+            shown[0].stop()
 
 
 def main() -> None:
