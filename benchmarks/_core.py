@@ -25,7 +25,7 @@ class Scale:
     handovers: int = 200  # for the notify-driven waiters
     poll_handovers: int = 60  # for the 100 ms pollers (each costs 50 ms on average)
     handover_rounds: int = 10
-    park: float = 0.015  # seconds a waiter is left blocked before the release
+    park: float = 0.02  # seconds a waiter is left blocked before the release
     workers: tuple[int, ...] = (1, 2, 4, 8, 16)
     names: tuple[int, ...] = (1, 64)
     contention_seconds: float = 1.0

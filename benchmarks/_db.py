@@ -64,6 +64,15 @@ BEGIN
 END
 $$;
 
+-- The cheapest function a SQL API under the contract's rules can offer: PL/pgSQL,
+-- SECURITY DEFINER, search_path pinned. Section 2 times it as the floor of any call.
+CREATE OR REPLACE FUNCTION bench_noop(name text, ttl interval, holder text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN NULL;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION bench_witness_leave(p_name text, p_holder text, p_fence bigint)
 RETURNS text LANGUAGE plpgsql AS $$
 BEGIN

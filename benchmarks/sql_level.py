@@ -20,24 +20,39 @@ RENEW = "SELECT lease_renew(%s, %s)"
 RENEW_MANY = "SELECT name, renewed FROM lease_renew_many(%s, %s)"
 FLOOR_UPDATE = "UPDATE bench_floor SET n = n + 1 WHERE id = 1"
 TTL = timedelta(seconds=30)
+NOOP_LABEL = "no-op SECURITY DEFINER PL/pgSQL call"
 
 
-def sql_cycle(conn: psycopg.Connection[Any], name: str, holder: str) -> Any:
-    """A contender: claim + release of one name on one connection, n times."""
+def sql_cycle(
+    conn: psycopg.Connection[Any],
+    name: str,
+    holder: str,
+    split: dict[str, list[float]] | None = None,
+) -> Any:
+    """A contender: claim + release of one name on one connection, n times.
+
+    With ``split``, the claims' and the releases' own times are added to it, per round.
+    """
 
     def run(n: int) -> float:
         cur = conn.cursor()
         refused = 0
+        claiming = 0.0
         start = clock()
         for _ in range(n):
+            t0 = clock()
             cur.execute(CLAIM, (name, TTL, holder))
             if cur.fetchone()[0] is None:  # type: ignore[index]
                 refused += 1
+            claiming += clock() - t0
             cur.execute(RELEASE, (name, holder))
             cur.fetchone()
         elapsed = clock() - start
         if refused:
             raise RuntimeError(f"bench: {refused} uncontended claims of {name!r} were refused")
+        if split is not None:
+            split.setdefault("claim", []).append(claiming / n)
+            split.setdefault("release", []).append((elapsed - claiming) / n)
         return elapsed
 
     return run
@@ -50,6 +65,7 @@ def bench_cycle(ctx: Context) -> Section:
         "1. Cycle: lease_claim + lease_release vs two single-row UPDATE commits",
         header=["contender", "per cycle: median [min..max]", "cycles/s", "vs floor"],
     )
+    split: dict[str, list[float]] = {}
     with ctx.connect() as lease_conn, ctx.connect() as floor_conn, ctx.connect() as nf_conn:
         nf_conn.execute("SET synchronous_commit = off")
 
@@ -66,7 +82,9 @@ def bench_cycle(ctx: Context) -> Section:
 
         contenders = [
             Contender(
-                "pylease cycle", sql_cycle(lease_conn, unique("cycle"), holder_id("c")), s.cycle_ops
+                "pylease cycle",
+                sql_cycle(lease_conn, unique("cycle"), holder_id("c"), split),
+                s.cycle_ops,
             ),
             Contender("floor: 2 UPDATE commits", floor(floor_conn), s.cycle_ops),
             Contender("2 UPDATE commits, no WAL flush", floor(nf_conn), s.cycle_ops),
@@ -91,6 +109,15 @@ def bench_cycle(ctx: Context) -> Section:
             ]
         )
     flush = max(0.0, (floor_med - nf_med) / 2)
+    # The warm-up round is in split too: drop it.
+    claim_med, release_med = (
+        summary(split[k][1:] or split[k])["median"] for k in ("claim", "release")
+    )
+    section.notes.append(
+        f"Within the cycle, lease_claim took {fmt_time(claim_med)} (it waits for the flush) and "
+        f"lease_release {fmt_time(release_med)} (it does not); one UPDATE commit took "
+        f"{fmt_time(floor_med / 2)} with its flush and {fmt_time(nf_med / 2)} without."
+    )
     section.notes.append(
         f"In this run one WAL flush cost about {fmt_time(flush)} and a round trip with a "
         f"one-row UPDATE about {fmt_time(nf_med / 2)}. The floor pays two flushes; the cycle pays "
@@ -112,6 +139,8 @@ def bench_cycle(ctx: Context) -> Section:
         "per_op_seconds": {k: result.summary(k) for k in result.labels},
         "speedup_rounds": speedups,
         "wal_flush_seconds": flush,
+        "claim_seconds": claim_med,
+        "release_seconds": release_med,
     }
     return section
 
@@ -153,10 +182,19 @@ def bench_busy(ctx: Context) -> Section:
                 cur.fetchone()
             return clock() - start
 
+        def noop(n: int) -> float:
+            cur = conn.cursor()
+            start = clock()
+            for _ in range(n):
+                cur.execute("SELECT bench_noop(%s, %s, %s)", (name, TTL, holder))
+                cur.fetchone()
+            return clock() - start
+
         result = interleave(
             [
                 Contender("busy lease_claim", busy, s.busy_ops),
                 Contender("SELECT 1", select1, s.busy_ops),
+                Contender(NOOP_LABEL, noop, s.busy_ops),
             ],
             s.rounds,
         )
@@ -166,6 +204,13 @@ def bench_busy(ctx: Context) -> Section:
         section.rows.append(
             [label, spread_text(result.summary(label)), f"{result.median(label) / base:.2f}x"]
         )
+    noop_ratio = result.median(NOOP_LABEL) / base
+    section.notes.append(
+        f"A PL/pgSQL function that does nothing, SECURITY DEFINER with its search_path pinned "
+        f"(as every lease_* function must be), already costs {noop_ratio:.2f}x SELECT 1 here: "
+        f"the call itself is {fmt_time(result.median(NOOP_LABEL) - base)} of the "
+        f"{fmt_time(result.median('busy lease_claim') - base)} a busy claim adds to the round trip."
+    )
     section.targets.append(
         Target(
             "2-busy",
