@@ -221,6 +221,13 @@ def _target(explicit: str | None) -> Target:
         return Target(f"sqlite:///{path}", str(path), sqlite=True, embedded=True)
     if dsn_mod.is_sqlite(url):
         return Target(url, url, sqlite=True)
+    scheme = url.split("://", 1)[0].lower() if "://" in url else None
+    if scheme is not None and scheme not in ("postgresql", "postgres"):
+        source = "--dsn" if explicit else next(v for v in dsn_mod.ENV_VARS if os.environ.get(v))
+        raise ConfigurationError(
+            f"pylease: {source} is a {scheme}:// URL; pylease needs postgresql://... "
+            "or sqlite:///path"
+        )
     dsn_mod.parse(url)  # ConfigurationError, without echoing the string, if malformed
     return Target(url, dsn_mod.redact(url), sqlite=False)
 
@@ -703,38 +710,44 @@ def run(
         holding = lease(target.url, name, ttl, holder=holder, on_lost=on_lost, min_hold=min_hold)
         entered = False
         try:
+            # From here to the child's start a signal ends pylease cleanly; once the
+            # child runs, supervise() passes signals on to it.
             with runner.signals_raise():
                 fence, row, now = _run_claim(target, name, ttl, holder, wait, quiet)
-                if fence is not None:
-                    try:
-                        fence = holding.__enter__().fence
-                        entered = True
-                    except LeaseBusy:  # it expired and was taken in between
-                        fence, row, now = None, None, datetime.now(UTC)
                 if fence is None:
                     if not quiet:
                         _say(_busy_line(name, row, now))
                     raise typer.Exit(busy_exit)
+                try:
+                    fence = holding.__enter__().fence
+                    entered = True
+                except LeaseBusy:  # it expired and was taken in between
+                    if not quiet:
+                        _say(_busy_line(name, None, now))
+                    raise typer.Exit(busy_exit) from None
+                except BaseException:
+                    _give_back(target, name, holder)
+                    raise
+                env = dict(os.environ)
+                env.update(
+                    PYLEASE_NAME=name,
+                    PYLEASE_HOLDER=holder,
+                    PYLEASE_FENCE=str(fence),
+                    PYLEASE_DSN=target.url,
+                )
+                outcome = runner.supervise(
+                    cmd,
+                    env,
+                    lost=lost,
+                    kill_after=kill_after.total_seconds(),
+                    say=_say,
+                    why_lost=lambda: why[0] if why else f"lease {name!r} was lost",
+                )
         except runner.Signalled as sig:
             if entered:
                 with contextlib.suppress(Exception):
                     holding.__exit__(None, None, None)
             raise typer.Exit(128 + sig.signum) from None
-        env = dict(os.environ)
-        env.update(
-            PYLEASE_NAME=name,
-            PYLEASE_HOLDER=holder,
-            PYLEASE_FENCE=str(fence),
-            PYLEASE_DSN=target.url,
-        )
-        outcome = runner.supervise(
-            cmd,
-            env,
-            lost=lost,
-            kill_after=kill_after.total_seconds(),
-            say=_say,
-            why_lost=lambda: why[0] if why else f"lease {name!r} was lost",
-        )
         code = runner.LOST if outcome.lost else outcome.code
         try:
             holding.__exit__(None, None, None)  # releases, with --min-hold
@@ -745,6 +758,12 @@ def run(
         except PyleaseError as exc:
             _say(f"could not release lease {name!r}, it stays held until it expires: {exc}")
     raise typer.Exit(code)
+
+
+def _give_back(target: Target, name: str, holder: str) -> None:
+    """Release a claim we cannot go on with; best effort: it expires anyway."""
+    with contextlib.suppress(Exception), _open(target, "pylease run") as (backend, _conn):
+        backend.release(name, holder)
 
 
 def _run_claim(

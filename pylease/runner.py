@@ -98,46 +98,65 @@ def supervise(
     why_lost: Callable[[], str],
 ) -> Outcome:
     """Run ``argv`` until it exits; stop it (SIGTERM, then SIGKILL) once ``lost`` is set."""
-    try:
-        child = subprocess.Popen(list(argv), env=dict(env))
-    except FileNotFoundError:
-        say(f"{argv[0]}: command not found")
-        return Outcome(NOT_FOUND, lost=False)
-    except PermissionError:
-        say(f"{argv[0]}: permission denied")
-        return Outcome(NOT_EXECUTABLE, lost=False)
-    except OSError as exc:
-        say(f"{argv[0]}: cannot execute: {exc.strerror or exc}")
-        return Outcome(NOT_EXECUTABLE, lost=False)
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        if not _from_terminal(signum):
+        if child is None:
+            pending.append(signum)  # arrived while the child was being started
+        elif not _from_terminal(signum):
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signum)
 
+    with _handlers(forward):
+        try:
+            child = subprocess.Popen(list(argv), env=dict(env))
+        except FileNotFoundError:
+            say(f"{argv[0]}: command not found")
+            return Outcome(NOT_FOUND, lost=False)
+        except PermissionError:
+            say(f"{argv[0]}: permission denied")
+            return Outcome(NOT_EXECUTABLE, lost=False)
+        except OSError as exc:
+            say(f"{argv[0]}: cannot execute: {exc.strerror or exc}")
+            return Outcome(NOT_EXECUTABLE, lost=False)
+        for signum in pending:
+            forward(signum, None)
+        return _watch(child, argv, lost=lost, kill_after=kill_after, say=say, why_lost=why_lost)
+
+
+def _watch(
+    child: subprocess.Popen[bytes],
+    argv: Sequence[str],
+    *,
+    lost: threading.Event,
+    kill_after: float,
+    say: Say,
+    why_lost: Callable[[], str],
+) -> Outcome:
+    """Wait for the child, polling ``lost``; SIGTERM it once lost, SIGKILL after ``kill_after``."""
     terminated_at: float | None = None
     killed = False
-    with _handlers(forward):
-        while True:
-            try:
-                returncode = child.wait(timeout=POLL)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if lost.is_set() and terminated_at is None:
-                say(f"{why_lost()}; sending SIGTERM to {argv[0]} (pid {child.pid})")
-                with contextlib.suppress(ProcessLookupError):
-                    child.terminate()
-                terminated_at = time.monotonic()
-            elif (
-                terminated_at is not None
-                and not killed
-                and time.monotonic() - terminated_at >= kill_after
-            ):
-                say(f"{argv[0]} still running {kill_after:g}s after SIGTERM; sending SIGKILL")
-                with contextlib.suppress(ProcessLookupError):
-                    child.kill()
-                killed = True
+    while True:
+        try:
+            returncode = child.wait(timeout=POLL)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if lost.is_set() and terminated_at is None:
+            say(f"{why_lost()}; sending SIGTERM to {argv[0]} (pid {child.pid})")
+            with contextlib.suppress(ProcessLookupError):
+                child.terminate()
+            terminated_at = time.monotonic()
+        elif (
+            terminated_at is not None
+            and not killed
+            and time.monotonic() - terminated_at >= kill_after
+        ):
+            say(f"{argv[0]} still running {kill_after:g}s after SIGTERM; sending SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            killed = True
     if terminated_at is not None:
         return Outcome(LOST, lost=True)
     return Outcome(exit_code(returncode), lost=False)

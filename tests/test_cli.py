@@ -345,6 +345,15 @@ def test_unreachable_database_never_shows_the_password() -> None:
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_another_databases_url_is_a_configuration_error() -> None:
+    result = cli("status", env={"DATABASE_URL": "mysql://app:pw@db/app"})
+    assert result.exit_code == 3
+    assert result.stderr == (
+        "pylease: DATABASE_URL is a mysql:// URL; pylease needs postgresql://... "
+        "or sqlite:///path\n"
+    )
+
+
 def test_malformed_dsn_is_a_configuration_error() -> None:
     result = cli("status", "--dsn", "host=x port=oops ==== secret")
     assert result.exit_code == 3
