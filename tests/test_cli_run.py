@@ -303,3 +303,46 @@ def test_two_runs_at_once_one_runs_one_is_busy(
         for o in outs
     ]
     assert sorted(finish(p)[0] for p in procs) == [0, 1]
+
+
+def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
+    held = pylease("claim", "job", "--ttl", "1s", "--holder", "someone-else", "--dsn", url)
+    assert held.returncode == 0, held.stderr
+    leader, follower = os.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pylease",
+            "run",
+            "job",
+            "--ttl",
+            "1s",
+            "--wait",
+            "30s",
+            "--dsn",
+            url,
+            "--",
+            "true",
+        ],
+        env=_env({"TERM": "xterm-256color", "COLUMNS": "120"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+    )
+    os.close(follower)
+    shown = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+        assert proc.wait(timeout=60) == 0
+    assert b"waiting for lease 'job': held by someone-else" in shown
