@@ -202,22 +202,33 @@ def sqlite_module() -> Any:
     return importlib.import_module("pylease.sqlite")
 
 
-class SqliteSource:
-    """A SQLite database: one ``sqlite3.Connection``, usable from any thread."""
+def sqlite_location(conn: sqlite3.Connection) -> str | None:
+    """The file behind a SQLite connection; None for an in-memory database."""
+    path: str | None = getattr(conn, "pylease_path", None)
+    if path is None:
+        for _seq, schema, file in conn.execute("PRAGMA database_list").fetchall():
+            if schema == "main":
+                path = file
+    return path if path and path != ":memory:" else None
 
-    def __init__(self, conn: sqlite3.Connection | None = None, url: str | None = None) -> None:
-        self.key: Hashable = ("sqlite", id(conn)) if conn is not None else ("sqlite", url)
-        self.label = url or "a sqlite3 connection"
+
+class SqliteSource:
+    """A SQLite database file, on a connection of pylease's own, usable from any thread.
+
+    An in-memory database has no second connection: its only one is shared.
+    """
+
+    def __init__(self, location: str | None = None, conn: sqlite3.Connection | None = None) -> None:
+        self.key: Hashable = ("sqlite", location) if location is not None else ("sqlite", id(conn))
+        self.label = location or "an in-memory SQLite database"
         self._conn = conn
-        self._url = url
-        self._owned = conn is None
+        self._location = location
         self._lock = threading.Lock()
 
     def connection(self) -> sqlite3.Connection:
         with self._lock:
             if self._conn is None:
-                assert self._url is not None
-                conn: sqlite3.Connection = sqlite_module().connect(self._url)
+                conn: sqlite3.Connection = sqlite_module().connect(self._location)
                 self._conn = conn
             return self._conn
 
@@ -228,7 +239,7 @@ class SqliteSource:
     def close(self) -> None:
         with self._lock:
             conn, self._conn = self._conn, None
-            if conn is not None and self._owned:
+            if conn is not None and self._location is not None:
                 conn.close()
 
 
@@ -325,10 +336,12 @@ class Link:
         source: Source,
         *,
         conn: psycopg.Connection[Any] | None = None,
+        sqlite_conn: sqlite3.Connection | None = None,
         listen_conninfo: str | None = None,
     ) -> None:
         self.source = registry.acquire(source)
         self.conn = conn
+        self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, SqliteSource)
 
@@ -337,12 +350,18 @@ class Link:
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
             return run_committed(conn, op)
+        if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
+            backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
+            return op(backend)
         return self.source.run(op, name=name, retry=retry)
 
     def run_release(self, op: Callable[[Backend], T], *, name: str) -> T:
         conn = self.conn
         if conn is not None and is_idle(conn):
             return run_committed(conn, op)
+        if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
+            backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
+            return op(backend)
         return self.source.run(op, name=name)
 
     def listen(self, name: str) -> Listener | None:
@@ -379,7 +398,7 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
     pool_cls = _pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
-            return SqliteSource(url=target), None
+            return SqliteSource(target), None
         if is_postgres_url(target):
             dsn_mod.parse(target)
             return ConninfoSource(target), target
@@ -388,7 +407,8 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
     elif pool_cls is not None and isinstance(target, pool_cls):
         return PoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
-        return SqliteSource(conn=target), None
+        location = sqlite_location(target)
+        return SqliteSource(location, None if location else target), None
     raise bad_target(target, parameter, "lease")
 
 
@@ -433,4 +453,8 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
             parameter="heartbeat_target",
         )
     source, listen = source_for(target)
+    if isinstance(target, sqlite3.Connection):
+        # Claim and release on the caller's connection when it is idle; renew on
+        # one of pylease's own to the same file, outside the caller's transactions.
+        return Link(source, sqlite_conn=target)
     return Link(source, listen_conninfo=listen)

@@ -32,6 +32,7 @@ from pylease.targets import (
     is_postgres_url,
     own_conninfo,
     pool_conninfo,
+    sqlite_location,
     sqlite_module,
 )
 
@@ -162,21 +163,20 @@ class AsyncConnectionSource:
 
 
 class AsyncSqliteSource:
-    """A SQLite database, its calls run in worker threads."""
+    """A SQLite database file on a connection of pylease's own, its calls in worker threads."""
 
-    def __init__(self, conn: sqlite3.Connection | None = None, url: str | None = None) -> None:
-        self.key: Hashable = ("sqlite", id(conn)) if conn is not None else ("sqlite", url)
-        self.label = url or "a sqlite3 connection"
+    def __init__(self, location: str | None = None, conn: sqlite3.Connection | None = None) -> None:
+        self.key: Hashable = ("sqlite", location) if location is not None else ("sqlite", id(conn))
+        self.label = location or "an in-memory SQLite database"
         self._conn = conn
-        self._url = url
-        self._owned = conn is None
+        self._location = location
         self._lock = asyncio.Lock()
 
     async def connection(self) -> sqlite3.Connection:
         async with self._lock:
             if self._conn is None:
                 conn: sqlite3.Connection = await asyncio.to_thread(
-                    sqlite_module().connect, self._url
+                    sqlite_module().connect, self._location
                 )
                 self._conn = conn
             return self._conn
@@ -188,7 +188,7 @@ class AsyncSqliteSource:
     async def close(self) -> None:
         async with self._lock:
             conn, self._conn = self._conn, None
-        if conn is not None and self._owned:
+        if conn is not None and self._location is not None:
             await asyncio.to_thread(conn.close)
 
 
@@ -315,7 +315,7 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
     pool_cls = _async_pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
-            return AsyncSqliteSource(url=target), None
+            return AsyncSqliteSource(target), None
         if is_postgres_url(target):
             dsn_mod.parse(target)
             return AsyncConninfoSource(target), target
@@ -324,7 +324,10 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
     elif pool_cls is not None and isinstance(target, pool_cls):
         return AsyncPoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
-        return AsyncSqliteSource(conn=target), None
+        # Everything runs on pylease's own connection to the same file: the
+        # caller's may refuse worker threads (check_same_thread).
+        location = sqlite_location(target)
+        return AsyncSqliteSource(location, None if location else target), None
     raise bad_target(target, parameter, "alease")
 
 

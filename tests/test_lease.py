@@ -226,10 +226,11 @@ def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(dsn: str, conn:
     with ExitStack() as stack:
         helds = [stack.enter_context(lease(dsn, f"job-{i}", ttl=0.9)) for i in range(1000)]
         assert wait_until(lambda: all(h._ticket.renewals >= 2 for h in helds), 30)
-        ticks = max(h._ticket.renewals for h in helds)
     # The heartbeat's backend has ended with the last lease, flushing its statistics.
     assert wait_until(lambda: function_calls(conn, "lease_renew_many") > 0)
     calls = function_calls(conn, "lease_renew_many")
+    # Every tick renews all the leases still held; the first one taken is released last.
+    ticks = max(h._ticket.renewals for h in helds)
     assert 2 <= calls <= ticks + 1, (calls, ticks)
     assert function_calls(conn, "lease_renew") == 0
     assert function_calls(conn, "lease_release") == 1000
@@ -419,3 +420,63 @@ def test_keep_fresh_notices_a_loss(dsn: str, conn2: Conn) -> None:
         steal(conn2, "sweep")
         assert told.wait(DETECT)
         assert held.lost
+
+
+def test_a_lease_no_renewal_can_reach_is_lost_before_its_expiry(
+    pg_admin_dsn: str, conn: Conn, conn2: Conn
+) -> None:
+    told = threading.Event()
+    dbname = conn.info.dbname
+    admin = psycopg.connect(pg_admin_dsn, autocommit=True)
+    with (
+        pytest.raises(LeaseLost) as raised,
+        lease(conn, "sweep", ttl=1, on_lost=lambda _e: told.set()) as held,
+    ):
+        assert wait_until(lambda: backends(conn2, "pylease-heartbeat"))
+        admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
+        try:
+            terminate(conn2, backends(conn2, "pylease-heartbeat"))
+            assert told.wait(DETECT), "the loss was not reported"
+            row = status(conn2, "sweep")
+            # Reported before the lease really expired: the body had time to stop.
+            assert row is not None and row["held"]
+            assert held.lost
+        finally:
+            admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
+            admin.close()
+    assert "no renewal succeeded" in raised.value.reason
+
+
+def test_heartbeat_target_names_where_renewals_run(dsn: str, conn: Conn, conn2: Conn) -> None:
+    with psycopg.connect(dsn, autocommit=True) as dedicated:
+        with lease(conn, "a", ttl=0.6, heartbeat_target=dedicated) as held:
+            assert wait_until(lambda: held._ticket.renewals >= 2)
+        assert not backends(conn2, "pylease-heartbeat")
+    with lease(conn, "b", ttl=0.6, heartbeat_target=dsn) as held:
+        assert wait_until(lambda: held._ticket.renewals >= 2)
+    with (
+        pytest.raises(InvalidArgument, match="heartbeat_target"),
+        lease(dsn, "c", ttl=1, heartbeat_target=dsn),
+    ):
+        pass
+
+
+def test_the_heartbeat_connection_carries_the_password(dsn: str) -> None:
+    from pylease.targets import connection_conninfo
+
+    # The test server trusts every connection, but libpq still reports the password.
+    with psycopg.connect(dsn, password="s3cret", autocommit=True) as mine:
+        assert "s3cret" not in mine.info.dsn
+        assert "password=s3cret" in connection_conninfo(mine)
+
+
+def test_a_pool_target_waits_through_notify(dsn: str, conn: Conn, conn2: Conn) -> None:
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        with lease(conn, "sweep", ttl=120):
+            thread, result = _wait_in_thread(pool, "sweep", wait=60, poll_interval=60)
+            assert wait_until(lambda: backends(conn2, "pylease-listen"))
+            time.sleep(0.2)
+            released_at = time.monotonic()
+        thread.join(DETECT)
+        assert "fence" in result, result
+        assert time.monotonic() - released_at < 2.0

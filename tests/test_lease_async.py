@@ -174,9 +174,11 @@ async def test_a_failing_release_raises_when_the_body_returned(aconn: AConn, aco
 async def test_an_unreachable_database_at_release_only_warns(
     dsn: str, aconn2: AConn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as mine:
-        async with alease(mine, "sweep", ttl=5):
-            await aterminate(aconn2, [mine.info.backend_pid])
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as mine,
+        alease(mine, "sweep", ttl=5),
+    ):
+        await aterminate(aconn2, [mine.info.backend_pid])
     assert any(
         r.levelno == logging.WARNING and "could not release" in r.getMessage()
         for r in caplog.records
@@ -288,9 +290,10 @@ async def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
             await stack.enter_async_context(alease(dsn, f"job-{i}", ttl=0.9)) for i in range(1000)
         ]
         assert await asleep_until(lambda: all(h._ticket.renewals >= 2 for h in helds), 30)
-        ticks = max(h._ticket.renewals for h in helds)
     assert wait_until(lambda: function_calls(conn, "lease_renew_many") > 0)
     calls = function_calls(conn, "lease_renew_many")
+    # Every tick renews all the leases still held; the first one taken is released last.
+    ticks = max(h._ticket.renewals for h in helds)
     assert 2 <= calls <= ticks + 1, (calls, ticks)
     assert function_calls(conn, "lease_renew") == 0
     assert function_calls(conn, "lease_release") == 1000
@@ -511,3 +514,70 @@ async def test_keep_fresh_notices_a_loss(dsn: str, aconn2: AConn) -> None:
             await asteal(aconn2, "sweep")
             await asyncio.wait_for(told.wait(), DETECT)
             assert held.lost
+
+
+async def test_a_lease_no_renewal_can_reach_is_lost_before_its_expiry(
+    pg_admin_dsn: str, aconn: AConn, aconn2: AConn
+) -> None:
+    told = asyncio.Event()
+    dbname = aconn.info.dbname
+    admin = await psycopg.AsyncConnection.connect(pg_admin_dsn, autocommit=True)
+    with pytest.raises(LeaseLost) as raised:
+        async with alease(aconn, "sweep", ttl=1, on_lost=lambda _e: told.set()):
+            pids: list[int] = []
+            for _ in range(100):
+                pids = await abackends(aconn2, "pylease-heartbeat")
+                if pids:
+                    break
+                await asyncio.sleep(0.05)
+            await admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
+            try:
+                await aterminate(aconn2, pids)
+                await asyncio.wait_for(told.wait(), DETECT)
+                row = await astatus(aconn2, "sweep")
+                assert row is not None and row["held"]
+                await asyncio.sleep(DETECT)  # cancelled by the loss
+            finally:
+                await admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
+                await admin.close()
+    assert "no renewal succeeded" in raised.value.reason
+
+
+async def test_heartbeat_target_names_where_renewals_run(
+    dsn: str, aconn: AConn, aconn2: AConn
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as dedicated:
+        async with alease(aconn, "a", ttl=0.6, heartbeat_target=dedicated) as held:
+            assert await asleep_until(lambda: held._ticket.renewals >= 2)
+        assert not await abackends(aconn2, "pylease-heartbeat")
+    async with alease(aconn, "b", ttl=0.6, heartbeat_target=dsn) as held:
+        assert await asleep_until(lambda: held._ticket.renewals >= 2)
+    with pytest.raises(InvalidArgument, match="heartbeat_target"):
+        async with alease(dsn, "c", ttl=1, heartbeat_target=dsn):
+            pass
+
+
+async def test_the_heartbeat_connection_carries_the_password(dsn: str) -> None:
+    from pylease.targets import connection_conninfo
+
+    async with await psycopg.AsyncConnection.connect(
+        dsn, password="s3cret", autocommit=True
+    ) as mine:
+        assert "s3cret" not in mine.info.dsn
+        assert "password=s3cret" in connection_conninfo(mine)
+
+
+async def test_a_pool_target_waits_through_notify(dsn: str, aconn: AConn, aconn2: AConn) -> None:
+    result: dict[str, Any] = {}
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        async with alease(aconn, "sweep", ttl=120):
+            task = asyncio.create_task(_waiter(pool, "sweep", result, wait=60, poll_interval=60))
+            for _ in range(100):
+                if await abackends(aconn2, "pylease-listen"):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            released_at = time.monotonic()
+        await asyncio.wait_for(task, DETECT)
+    assert "fence" in result, result
+    assert result["at"] - released_at < 2.0
