@@ -59,13 +59,10 @@ def _backend(dsn: str, schema: str) -> Iterator[Any]:
         backend = get_backend_class(uri.scheme)(uri, default_migration_table)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
-            f"pylease: cannot connect to {dsn_mod.redact(dsn)}: {_first_line(exc)}"
+            f"pylease: cannot connect to {dsn_mod.redact(dsn)}: {_reason(exc)}"
         ) from exc
     try:
         backend.lock_table = LOCK_TABLE
-        conn: psycopg.Connection[Any] = backend.connection
-        with _mapped_errors(schema):
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         yield backend
     finally:
         with contextlib.suppress(Exception):
@@ -77,9 +74,11 @@ def _libpq_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace(" ", "\\ ")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1].strip() if text else type(exc).__name__
+def _reason(exc: BaseException) -> str:
+    """The server's own message when there is one, else the driver's, on one line."""
+    if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
+        return exc.diag.message_primary
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 @contextlib.contextmanager
@@ -88,17 +87,26 @@ def _mapped_errors(schema: str) -> Iterator[None]:
         yield
     except pg_errors.InsufficientPrivilege as exc:
         raise MigrationError(
-            f"pylease: insufficient privilege to migrate schema {schema!r}: {_first_line(exc)}"
+            f"pylease: insufficient privilege to migrate schema {schema!r}: {_reason(exc)}"
         ) from exc
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"pylease: database unavailable: {_first_line(exc)}") from exc
+        raise DatabaseUnavailable(f"pylease: database unavailable: {_reason(exc)}") from exc
     except psycopg.Error as exc:
-        raise MigrationError(f"pylease: migration failed: {_first_line(exc)}") from exc
+        raise MigrationError(f"pylease: migration failed: {_reason(exc)}") from exc
+
+
+def _schema_exists(conn: psycopg.Connection[Any], schema: str) -> bool:
+    return conn.execute("SELECT FROM pg_namespace WHERE nspname = %s", (schema,)).rowcount == 1
 
 
 @contextlib.contextmanager
 def _exclusive(backend: Any, schema: str, say: Say, lock_wait: float) -> Iterator[None]:
-    """Hold the migrators' advisory lock, and clear a lock row a dead migrator left."""
+    """Hold the migrators' advisory lock, and clear a lock row a dead migrator left.
+
+    The schema is created under the lock (two concurrent CREATE SCHEMA IF NOT EXISTS
+    can both try to create it), and only when missing (the statement needs CREATE on
+    the database even when the schema exists, which an owner of the schema may lack).
+    """
     conn: psycopg.Connection[Any] = backend.connection
     deadline = time.monotonic() + lock_wait
     told = False
@@ -113,6 +121,20 @@ def _exclusive(backend: Any, schema: str, say: Say, lock_wait: float) -> Iterato
             say(f"waiting for another migrator of schema {schema!r}")
             told = True
         time.sleep(0.2)
+    if not _schema_exists(conn, schema):
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    # yoyo swallows a failure to create its lock table and trips over the missing
+    # table later; say what is wrong instead.
+    user, may_create, has_lock_table = conn.execute(
+        "SELECT current_user, has_schema_privilege(%s, 'CREATE'),"
+        " to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL",
+        (schema, schema, LOCK_TABLE),
+    ).fetchone() or (None, False, False)
+    if not may_create and not has_lock_table:
+        raise MigrationError(
+            f"pylease: insufficient privilege to migrate schema {schema!r}: "
+            f"role {user!r} may not create objects in it"
+        )
     backend.init_database()
     row = conn.execute(
         sql.SQL("SELECT pid, ctime FROM {}").format(sql.Identifier(LOCK_TABLE))
@@ -158,6 +180,8 @@ def rollback(
     """Roll back every applied pylease migration (dropping every lease); returns the ids."""
     migrations = _postgres_migrations()
     with _backend(dsn, schema) as backend, _mapped_errors(schema):
+        if not _schema_exists(backend.connection, schema):
+            return []
         with _exclusive(backend, schema, say, lock_wait), backend.lock():
             applied = backend.to_rollback(migrations)
             with contextlib.redirect_stdout(io.StringIO()):
