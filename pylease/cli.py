@@ -584,7 +584,10 @@ def _print_table(rows: list[LeaseRow], now: datetime) -> None:
         renewed = durations.relative(now - _aware(row.renewed_at), "renewed {} ago", "renewed now")
         table.add_row(row.name, row.holder, str(row.fence), state, expiry, renewed)
     # Piped into a file or a pager, keep one line per lease rather than 80 columns.
-    Console(soft_wrap=False, width=None if sys.stdout.isatty() else 250).print(table)
+    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 250)
+    with console.capture() as captured:
+        console.print(table)
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 @app.command()
