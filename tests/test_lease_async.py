@@ -479,9 +479,10 @@ async def test_default_holders_are_unique_per_claim(aconn: AConn) -> None:
 
 async def test_stopping_while_ticks_run_never_reports_a_loss(aconn: AConn) -> None:
     seen: list[LeaseLost] = []
-    for i in range(30):
-        async with alease(aconn, f"quick-{i}", ttl=0.15, on_lost=seen.append):
-            await asyncio.sleep(0.05 + (i % 5) * 0.01)
+    # Bodies end at every phase of the renewal cycle (ttl/3 = 0.1 s).
+    for i in range(20):
+        async with alease(aconn, f"quick-{i}", ttl=0.3, on_lost=seen.append):
+            await asyncio.sleep(0.05 + (i % 7) * 0.03)
     assert seen == []
     assert keeper().tickets() == []
 
