@@ -37,10 +37,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pylease import _validate
-from pylease._backend import LeaseRow
+from pylease._backend import AsyncBackend, Backend, LeaseRow
 from pylease._resources import data_dir
 from pylease.errors import (
     ConfigurationError,
@@ -473,6 +473,9 @@ def connect(
     path = default_path() if location is None else path_of(location)
     memory = str(path) == ":memory:"
     if not memory:
+        # Absolute, so that a second connection to the same file (the heartbeat's)
+        # opens the same file whatever the working directory is by then.
+        path = path.absolute()
         _prepare(path)
     where = str(path)
     with _errors(None, where):
@@ -729,3 +732,9 @@ class AsyncSqliteBackend:
 
     async def status(self, name: str | None = None) -> list[LeaseRow]:
         return await asyncio.to_thread(self.sync.status, name)
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_protocols(conn: sqlite3.Connection) -> tuple[Backend, AsyncBackend]:
+        return SqliteBackend(conn), AsyncSqliteBackend(conn)

@@ -244,6 +244,19 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
         ],
     ),
     (
+        "renew_many matches each name with the holder at its position",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("claim", ("b", LONG, "h2"), 1),
+            (
+                "renew_many",
+                (["a", "a", "b", "b", "a"], ["h2", "h1", "h1", "h2", "h1"]),
+                [("a", False), ("a", True), ("b", False), ("b", True), ("a", True)],
+            ),
+            ("status", (None,), [("a", "h1", 1, True), ("b", "h2", 1, True)]),
+        ],
+    ),
+    (
         "renew_many extends past expiry, with the last ttl",
         [
             ("claim", ("a", SHORT, "h1"), 1),

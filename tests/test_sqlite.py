@@ -412,6 +412,24 @@ def test_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             connect(bad)
 
 
+def test_an_in_memory_database(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for location in (":memory:", "sqlite:///:memory:"):
+        backend = SqliteBackend(connect(location))
+        assert backend.claim("job", LONG, "me") == 1
+        assert backend.claim("job", LONG, "you") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_path_is_kept_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    conn = connect("sqlite:///rel.sqlite3")
+    monkeypatch.chdir("/")
+    [(_, _, file)] = conn.execute("PRAGMA database_list").fetchall()
+    assert file == str(tmp_path / "rel.sqlite3")
+    conn.close()
+
+
 def test_a_network_filesystem_is_refused(tmp_path: Path) -> None:
     mounts = "\n".join(
         [
