@@ -83,7 +83,7 @@ def _duration(option: str, *, positive: bool = False) -> Callable[[Any], timedel
             raise typer.BadParameter(str(exc)) from None
         if positive and span <= timedelta(0):
             raise typer.BadParameter(f"{option} must be positive")
-        if span > _validate.MAX_TTL and option in ("--ttl",):
+        if option == "--ttl" and span > _validate.MAX_TTL:
             raise typer.BadParameter(f"{option} must be at most 366 days")
         return span
 
@@ -174,9 +174,7 @@ def _edge(verbose: bool) -> Iterator[None]:
         raise
     except KeyboardInterrupt:
         raise _fail("interrupted", 130) from None
-    except BaseException as exc:
-        if not isinstance(exc, Exception):
-            raise
+    except Exception as exc:
         if verbose or _verbose:
             traceback.print_exception(exc, file=sys.stderr)
         if isinstance(exc, InvalidArgument):
@@ -210,7 +208,6 @@ class Target:
     url: str
     shown: str
     sqlite: bool
-    embedded: bool = False
 
 
 def _target(explicit: str | None) -> Target:
@@ -218,7 +215,7 @@ def _target(explicit: str | None) -> Target:
     if url is None:
         sqlite_mod = _sqlite_module()
         path = sqlite_mod.default_path()
-        return Target(f"sqlite:///{path}", str(path), sqlite=True, embedded=True)
+        return Target(f"sqlite:///{path}", str(path), sqlite=True)
     if dsn_mod.is_sqlite(url):
         return Target(url, url, sqlite=True)
     scheme = url.split("://", 1)[0].lower() if "://" in url else None
@@ -259,8 +256,13 @@ def _open(target: Target, purpose: str = "pylease") -> Iterator[tuple[Backend, A
     from pylease.postgres import PostgresBackend
 
     try:
+        # No prepared statements: a pooler in transaction mode may sit in between.
         pg = psycopg.connect(
-            target.url, autocommit=True, connect_timeout=10, application_name=purpose
+            target.url,
+            autocommit=True,
+            prepare_threshold=None,
+            connect_timeout=10,
+            application_name=purpose,
         )
     except psycopg.Error as exc:
         raise DatabaseUnavailable(
@@ -325,7 +327,7 @@ def _claim_waiting(
         pause = min(remaining, 1.0)
         if row is not None:
             until_expiry = (_aware(row.expires_at) - datetime.now(UTC)).total_seconds()
-            pause = min(pause, max(until_expiry, 0.02))
+            pause = min(pause, max(until_expiry, 0.1))
         if target.sqlite:
             time.sleep(min(pause, 0.2))
             continue
