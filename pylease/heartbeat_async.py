@@ -100,15 +100,16 @@ class AsyncKeeper:
         return [t for g in self._groups.values() for t in g.tickets]
 
     async def _run(self) -> None:
-        while True:
+        # Checked and left without an await in between, so a ticket added by add()
+        # is either seen here or finds this task done and starts another.
+        while self._groups:
             try:
-                if not await self._step():
-                    return
+                await self._step()
             except Exception:
                 logger.exception("async keeper tick failed")
                 await asyncio.sleep(FIRST_BACKOFF)
 
-    async def _step(self) -> bool:
+    async def _step(self) -> None:
         now = time.monotonic()
         overdue = [(g, t) for g in self._groups.values() for t in g.tickets if t.deadline <= now]
         for group, ticket in overdue:
@@ -120,8 +121,7 @@ class AsyncKeeper:
             elif group.next_at <= now:
                 due.append((group, list(group.tickets)))
                 self._inflight.update(group.tickets)
-        done = not self._groups
-        if not done and not overdue and not due:
+        if self._groups and not overdue and not due:
             wake = min(
                 min(g.next_at for g in self._groups.values()),
                 min(t.deadline for g in self._groups.values() for t in g.tickets),
@@ -129,7 +129,7 @@ class AsyncKeeper:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), max(wake - now, 0.001))
-            return True
+            return
         for group, ticket in overdue:
             why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
             error = notify_lost(ticket, why)
@@ -137,7 +137,6 @@ class AsyncKeeper:
                 await call_on_lost(ticket, error)
         if due:
             await asyncio.gather(*(self._tick(group, batch) for group, batch in due))
-        return not done
 
     async def _tick(self, group: _Group, batch: list[Ticket]) -> None:
         try:
