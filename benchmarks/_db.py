@@ -144,17 +144,25 @@ def _version(dist: str) -> str | None:
 
 
 def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        )
-    except (OSError, subprocess.CalledProcessError):
+    """The commit measured, ``+dirty`` when the work tree had changes beyond it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], capture_output=True, text=True, check=True, cwd=here
+            )
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
         return None
-    return out.stdout.strip() or None
+    dirty = git(
+        "status", "--porcelain", "--untracked-files=no", "--", "pylease", "migrations", "sql"
+    )
+    return f"{commit}+dirty" if dirty else commit
 
 
 def machine(conn: psycopg.Connection[Any], redis_client: Any) -> dict[str, Any]:
