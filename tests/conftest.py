@@ -63,8 +63,11 @@ def pg_template(pg_admin_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def fresh_db(pg_admin_dsn: str) -> Iterator[tuple[str, str]]:
-    """Creates empty databases on demand; returns (create, ...) via a factory."""
+def fresh_db(pg_admin_dsn: str) -> Iterator[Callable[..., str]]:
+    """A factory: ``fresh_db()`` an empty database, ``fresh_db(template)`` a clone; its DSN.
+
+    The databases are dropped after the test.
+    """
     created: list[str] = []
 
     def make(template: str | None = None) -> str:
@@ -72,7 +75,7 @@ def fresh_db(pg_admin_dsn: str) -> Iterator[tuple[str, str]]:
         created.append(name)
         return _create_db(pg_admin_dsn, name, template)
 
-    yield make  # type: ignore[misc]
+    yield make
     for name in created:
         _drop_db(pg_admin_dsn, name)
 
