@@ -116,13 +116,19 @@ class _Group:
         self.next_at = float("inf")
         self.failures = 0
         self.last_error: BaseException | None = None
+        self.busy = False
 
     def interval(self) -> float:
         return min(t.interval for t in self.tickets)
 
 
 class Keeper:
-    """Keeps the tickets of this process fresh from one daemon thread."""
+    """Keeps the tickets of this process fresh from one daemon thread.
+
+    The thread schedules; each tick's statement runs on a short-lived thread of its
+    own, so a renewal that hangs (a network partition) cannot keep the keeper from
+    declaring a lease lost at its deadline, nor one database from delaying another.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -177,7 +183,7 @@ class Keeper:
                 time.sleep(FIRST_BACKOFF)
 
     def _step(self) -> bool:
-        """One round: lose the overdue, renew the due, or sleep; False when done."""
+        """One round: lose the overdue, start the due ticks, or sleep; False when done."""
         with self._cond:
             now = time.monotonic()
             overdue = [
@@ -189,7 +195,8 @@ class Keeper:
             for key, group in list(self._groups.items()):
                 if not group.tickets:
                     del self._groups[key]
-                elif group.next_at <= now:
+                elif group.next_at <= now and not group.busy:
+                    group.busy = True
                     due.append((group, list(group.tickets)))
                     self._inflight.update(group.tickets)
             done = not self._groups
@@ -197,7 +204,7 @@ class Keeper:
                 self._thread = None
             elif not overdue and not due:
                 wake = min(
-                    min(g.next_at for g in self._groups.values()),
+                    min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
                     min(t.deadline for g in self._groups.values() for t in g.tickets),
                 )
                 self._cond.wait(max(wake - now, 0.001))
@@ -208,11 +215,21 @@ class Keeper:
             if error is not None:
                 call_on_lost(ticket, error)
         for group, batch in due:
-            self._tick(group, batch)
+            threading.Thread(
+                target=self._tick, args=(group, batch), name="pylease-renew", daemon=True
+            ).start()
         return not done
 
     def _tick(self, group: _Group, batch: list[Ticket]) -> None:
-        lost: list[Ticket] = []
+        try:
+            self._renew(group, batch)
+        finally:
+            with self._cond:
+                group.busy = False
+                self._inflight.difference_update(batch)
+                self._cond.notify_all()
+
+    def _renew(self, group: _Group, batch: list[Ticket]) -> None:
         sent_at = time.monotonic()
         try:
             rows = group.source.run(
@@ -233,11 +250,10 @@ class Keeper:
             )
             with self._cond:
                 group.next_at = time.monotonic() + backoff * random.uniform(0.8, 1.2)
-                self._inflight.difference_update(batch)
-                self._cond.notify_all()
             return
         group.failures = 0
         group.last_error = None
+        lost: list[Ticket] = []
         with self._cond:
             for ticket, (_name, renewed) in zip(batch, rows, strict=True):
                 if ticket not in group.tickets:
@@ -249,8 +265,6 @@ class Keeper:
                     lost.append(ticket)
             if group.tickets:
                 group.next_at = sent_at + group.interval()
-            self._inflight.difference_update(batch)
-            self._cond.notify_all()
         for ticket in lost:
             why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
             error = notify_lost(ticket, why)

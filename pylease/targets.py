@@ -41,6 +41,13 @@ HEARTBEAT_APP = "pylease-heartbeat"
 LISTEN_APP = "pylease-listen"
 CHANNEL = "pylease"
 CONNECT_TIMEOUT = "10"
+TCP_LIVENESS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
 
 # Keyword arguments of psycopg's connect() that are not libpq parameters.
 _NOT_CONNINFO = {"autocommit", "prepare_threshold", "context", "row_factory", "cursor_factory"}
@@ -51,6 +58,10 @@ def own_conninfo(conninfo: str, application_name: str) -> str:
     params = dsn_mod.parse(conninfo)
     params["application_name"] = application_name
     params.setdefault("connect_timeout", CONNECT_TIMEOUT)
+    # A peer that vanished (a network partition) fails a statement in seconds, not
+    # after the kernel's retransmission timeout of a quarter of an hour.
+    for key, value in TCP_LIVENESS.items():
+        params.setdefault(key, value)
     return pg_conninfo.make_conninfo("", **params)
 
 

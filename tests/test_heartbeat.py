@@ -87,3 +87,17 @@ def test_a_renewal_failure_is_logged_and_retried(
         assert wait_until(lambda: held._ticket.renewals > renewals)
         time.sleep(0.1)
         held.check()
+
+
+def test_a_renewal_that_hangs_does_not_delay_the_loss(conn: Conn, conn2: Conn) -> None:
+    told = threading.Event()
+    # Another session locks the row: the next renewal waits for it, unanswered.
+    with (
+        pytest.raises(LeaseLost) as raised,
+        lease(conn, "sweep", ttl=1, on_lost=lambda _e: told.set()) as held,
+        conn2.transaction(),
+    ):
+        conn2.execute("SELECT FROM pylease_leases WHERE name = 'sweep' FOR UPDATE")
+        assert told.wait(DETECT), "the loss waited for the hung renewal"
+        assert held.lost
+    assert "no renewal succeeded" in raised.value.reason

@@ -13,6 +13,7 @@ import pytest
 from pylease import LeaseLost, alease
 from pylease.heartbeat_async import keeper
 from tests.helpers_lease import (
+    DETECT,
     aclaim,
     asleep_until,
     asteal,
@@ -111,3 +112,20 @@ async def test_a_renewal_failure_is_logged_and_retried(
         assert await asleep_until(lambda: held._ticket.renewals > renewals)
         await asyncio.sleep(0.1)
         held.check()
+
+
+async def test_a_renewal_that_hangs_does_not_delay_the_loss(aconn: AConn, dsn: str) -> None:
+    told = asyncio.Event()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as locker:
+        # Another session locks the row: the next renewal waits for it, unanswered.
+        with pytest.raises(LeaseLost) as raised:
+            async with (
+                alease(
+                    aconn, "sweep", ttl=1, on_lost=lambda _e: told.set(), cancel_on_lost=False
+                ) as held,
+                locker.transaction(),
+            ):
+                await locker.execute("SELECT FROM pylease_leases WHERE name = 'sweep' FOR UPDATE")
+                await asyncio.wait_for(told.wait(), DETECT)
+                assert held.lost
+    assert "no renewal succeeded" in raised.value.reason
