@@ -255,7 +255,7 @@ def _prepare(path: Path) -> None:
             f"pylease: the directory {directory} does not exist: create it first "
             "(pylease creates only the directory of its default database)"
         )
-    check_filesystem(directory)
+    check_filesystem(path)  # the file's own target too, when it is a symlink
     if path.is_dir():
         raise ConfigurationError(f"pylease: {path} is a directory, not a SQLite file")
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
