@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import sqlite3
 import sys
@@ -806,6 +807,28 @@ def _spinner(name: str, quiet: bool) -> Iterator[Callable[[LeaseRow | None], Non
             shown[0].stop()
 
 
+class _StderrLog(logging.Handler):
+    """The library's log, as the command's stderr lines: warnings, and everything with -v.
+
+    A lost lease is left out: ``pylease run`` says so itself, with what it does about it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING and not _verbose:
+            return False
+        return not (record.levelno == logging.WARNING and record.msg == "lease %r lost: %s")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.exc_info and _verbose:
+            message += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        _say(message)
+
+
 def main() -> None:
-    """Entry point of the ``pylease`` script."""
+    """Entry point of the ``pylease`` script (also ``python -m pylease``)."""
+    # Here rather than in the app, so that an application embedding it keeps its logging.
+    library = logging.getLogger("pylease")
+    library.addHandler(_StderrLog())
+    library.setLevel(logging.DEBUG)
     app()
