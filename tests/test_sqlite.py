@@ -578,6 +578,17 @@ def test_a_busy_claim_writes_nothing(backend: SqliteBackend, db: Path) -> None:
     assert version() != before
 
 
+def test_durability_settings(backend: SqliteBackend) -> None:
+    def setting(pragma: str) -> Any:
+        return backend.conn.execute(f"PRAGMA {pragma}").fetchone()[0]
+
+    assert setting("journal_mode") == "wal"
+    assert setting("synchronous") == 2  # FULL: claims, renewals and steals are flushed
+    assert backend.claim("job", LONG, "me") == 1
+    assert backend.release("job", "me") is True  # commits with NORMAL, then back to FULL
+    assert setting("synchronous") == 2
+
+
 def test_a_connection_pylease_did_not_open(db: Path) -> None:
     conn = sqlite3.connect(db, check_same_thread=False)  # the module's default transactions
     with pytest.raises(SchemaMissing, match="migrate"):
