@@ -26,6 +26,7 @@ from pylease._backend import Backend
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
 from pylease.heartbeat import LostCallback, Ticket, keeper
 from pylease.targets import Link, Listener, ListenerLost, link
+from pylease.targets import check as check_target
 
 T = TypeVar("T")
 
@@ -367,6 +368,7 @@ def lease(
         min_hold=min_hold,
         poll_interval=poll_interval,
     )
+    check_target(target, heartbeat_target)
     return Lease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 
@@ -502,4 +504,5 @@ def keep_fresh(
     holder = _validate.key("holder", holder)
     ttl_ = None if ttl is None else _validate.ttl(ttl)
     callable_option("on_lost", on_lost)
+    check_target(target)
     return KeepFresh(target, name, holder, ttl_, on_lost)

@@ -36,6 +36,7 @@ from pylease.leasing import (
 )
 from pylease.targets import ListenerLost
 from pylease.targets_async import AsyncLink, AsyncListener, link
+from pylease.targets_async import check as check_target
 
 T = TypeVar("T")
 
@@ -238,6 +239,7 @@ def alease(
         raise InvalidArgument(
             "pylease: cancel_on_lost must be True or False", parameter="cancel_on_lost"
         )
+    check_target(target, heartbeat_target)
     return AsyncLease(
         target,
         opts,
@@ -376,4 +378,5 @@ def akeep_fresh(
     holder = _validate.key("holder", holder)
     ttl_ = None if ttl is None else _validate.ttl(ttl)
     callable_option("on_lost", on_lost)
+    check_target(target)
     return AsyncKeepFresh(target, name, holder, ttl_, on_lost)

@@ -30,7 +30,7 @@ from psycopg.pq import TransactionStatus
 
 from pylease import dsn as dsn_mod
 from pylease._backend import Backend
-from pylease.errors import DatabaseUnavailable, InvalidArgument
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 from pylease.postgres import PostgresBackend, wrap_errors
 
 T = TypeVar("T")
@@ -404,6 +404,16 @@ def is_postgres_url(target: str) -> bool:
     return target.startswith(("postgresql:", "postgres:")) or "=" in target
 
 
+def check_url(url: str, parameter: str) -> None:
+    """A malformed connection string is an invalid argument, reported without its text."""
+    try:
+        dsn_mod.parse(url)
+    except ConfigurationError:
+        raise InvalidArgument(
+            f"pylease: {parameter} is a malformed connection string", parameter=parameter
+        ) from None
+
+
 def source_for(target: object, parameter: str = "target") -> tuple[Source, str | None]:
     """The renewal source of a target, and the conninfo to LISTEN with (None: cannot)."""
     pool_cls = _pool_class()
@@ -411,7 +421,7 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
         if dsn_mod.is_sqlite(target):
             return SqliteSource(target), None
         if is_postgres_url(target):
-            dsn_mod.parse(target)
+            check_url(target, parameter)
             return ConninfoSource(target), target
     elif isinstance(target, psycopg.Connection):
         return ConnectionSource(target), connection_conninfo(target)
@@ -424,20 +434,48 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
 
 
 def bad_target(target: object, parameter: str, api: str) -> InvalidArgument:
-    async_ = isinstance(target, psycopg.AsyncConnection)
+    """The error for a target this API cannot use; a string is never echoed (passwords)."""
     pool_cls = _async_pool_class()
-    async_ = async_ or (pool_cls is not None and isinstance(target, pool_cls))
+    async_ = isinstance(target, psycopg.AsyncConnection) or (
+        pool_cls is not None and isinstance(target, pool_cls)
+    )
     if api == "lease" and async_:
-        hint = ": use alease() with an async connection or pool"
-    elif api == "alease" and isinstance(target, psycopg.Connection):
-        hint = ": use lease() with a sync connection"
+        why = f"cannot be an async {type(target).__name__}: use alease()"
+    elif api == "alease" and isinstance(target, (psycopg.Connection, *_sync_pool_types())):
+        why = f"cannot be a sync {type(target).__name__}: use lease()"
+    elif isinstance(target, str):
+        why = "is not a postgresql://, postgres:// or sqlite:/// URL, nor a key=value string"
     else:
-        hint = (
-            ": expected a psycopg connection, a psycopg_pool pool, a postgresql:// or "
-            "sqlite:/// URL, or a sqlite3.Connection"
+        kind = "an async" if api == "alease" else "a"
+        why = (
+            f"cannot be {type(target).__name__}: expected {kind} psycopg connection "
+            "or psycopg_pool pool, a postgresql:// or sqlite:/// URL, or a sqlite3.Connection"
         )
-    shown = "a malformed connection string" if isinstance(target, str) else type(target).__name__
-    return InvalidArgument(f"pylease: {parameter} cannot be {shown}{hint}", parameter=parameter)
+    return InvalidArgument(f"pylease: {parameter} {why}", parameter=parameter)
+
+
+def _sync_pool_types() -> tuple[type[Any], ...]:
+    pool_cls = _pool_class()
+    return () if pool_cls is None else (pool_cls,)
+
+
+def check(target: object, heartbeat_target: object = None) -> None:
+    """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
+    if isinstance(target, psycopg.Connection):
+        if heartbeat_target is not None:
+            source, _listen = source_for(heartbeat_target, "heartbeat_target")
+            if isinstance(source, SqliteSource):
+                raise InvalidArgument(
+                    "pylease: heartbeat_target must reach PostgreSQL", parameter="heartbeat_target"
+                )
+        return
+    if heartbeat_target is not None:
+        raise InvalidArgument(
+            "pylease: heartbeat_target is for a Connection target only: a URL or pool "
+            "target renews through itself",
+            parameter="heartbeat_target",
+        )
+    source_for(target)
 
 
 def link(target: object, *, heartbeat_target: object = None) -> Link:
@@ -447,22 +485,13 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     same parameters (password included, see :func:`connection_conninfo`), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
+    check(target, heartbeat_target)
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is None:
             conninfo = connection_conninfo(target)
             return Link(ConninfoSource(conninfo), conn=target, listen_conninfo=conninfo)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
-        if isinstance(source, SqliteSource):
-            raise InvalidArgument(
-                "pylease: heartbeat_target must reach PostgreSQL", parameter="heartbeat_target"
-            )
         return Link(source, conn=target, listen_conninfo=listen)
-    if heartbeat_target is not None:
-        raise InvalidArgument(
-            "pylease: heartbeat_target is for a Connection target only: a URL or pool "
-            "target renews through itself",
-            parameter="heartbeat_target",
-        )
     source, listen = source_for(target)
     if isinstance(target, sqlite3.Connection):
         # Claim and release on the caller's connection when it is idle; renew on

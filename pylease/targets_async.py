@@ -27,6 +27,7 @@ from pylease.targets import (
     LISTEN_APP,
     ListenerLost,
     bad_target,
+    check_url,
     connection_conninfo,
     is_idle,
     is_postgres_url,
@@ -317,7 +318,7 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
         if dsn_mod.is_sqlite(target):
             return AsyncSqliteSource(target), None
         if is_postgres_url(target):
-            dsn_mod.parse(target)
+            check_url(target, parameter)
             return AsyncConninfoSource(target), target
     elif isinstance(target, psycopg.AsyncConnection):
         return AsyncConnectionSource(target), connection_conninfo(target)
@@ -331,23 +332,33 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
     raise bad_target(target, parameter, "alease")
 
 
-def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
-    """The :class:`AsyncLink` for a target of the asynchronous API (see ``targets.link``)."""
+def check(target: object, heartbeat_target: object = None) -> None:
+    """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
     if isinstance(target, psycopg.AsyncConnection):
-        if heartbeat_target is None:
-            conninfo = connection_conninfo(target)
-            return AsyncLink(AsyncConninfoSource(conninfo), conn=target, listen_conninfo=conninfo)
-        source, listen = source_for(heartbeat_target, "heartbeat_target")
-        if isinstance(source, AsyncSqliteSource):
-            raise InvalidArgument(
-                "pylease: heartbeat_target must reach PostgreSQL", parameter="heartbeat_target"
-            )
-        return AsyncLink(source, conn=target, listen_conninfo=listen)
+        if heartbeat_target is not None:
+            source, _listen = source_for(heartbeat_target, "heartbeat_target")
+            if isinstance(source, AsyncSqliteSource):
+                raise InvalidArgument(
+                    "pylease: heartbeat_target must reach PostgreSQL", parameter="heartbeat_target"
+                )
+        return
     if heartbeat_target is not None:
         raise InvalidArgument(
             "pylease: heartbeat_target is for a Connection target only: a URL or pool "
             "target renews through itself",
             parameter="heartbeat_target",
         )
+    source_for(target)
+
+
+def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
+    """The :class:`AsyncLink` for a target of the asynchronous API (see ``targets.link``)."""
+    check(target, heartbeat_target)
+    if isinstance(target, psycopg.AsyncConnection):
+        if heartbeat_target is None:
+            conninfo = connection_conninfo(target)
+            return AsyncLink(AsyncConninfoSource(conninfo), conn=target, listen_conninfo=conninfo)
+        source, listen = source_for(heartbeat_target, "heartbeat_target")
+        return AsyncLink(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)
     return AsyncLink(source, listen_conninfo=listen)
