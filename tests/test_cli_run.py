@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from pylease import dsn as dsn_mod
 
 CHILD = r"""
 import json, os, signal, sys, time
@@ -272,6 +277,7 @@ def test_a_stolen_lease_stops_the_child_and_exits_75(
     code, err = finish(proc)
     assert code == 75, err
     assert "lease 'job' was lost" in err
+    assert len(err.splitlines()) == 1, err
     assert out.read_text().splitlines() == ["ready", "SIGTERM"]
     row = status(url, "job")
     assert (row["holder"], row["held"]) == ("operator", True)
@@ -346,3 +352,66 @@ def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) 
         os.close(leader)
         assert proc.wait(timeout=60) == 0
     assert b"waiting for lease 'job': held by someone-else" in shown
+
+
+class Proxy:
+    """A TCP relay to PostgreSQL that can be cut, as a network partition would."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                return
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        # shutdown() wakes the thread blocked in accept(); close() alone would not.
+        for sock in [self.listener, *self.sockets]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def test_an_unreachable_database_stops_the_child_and_exits_75(
+    dsn: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    params = dsn_mod.parse(dsn)
+    proxy = Proxy(params.get("host", "127.0.0.1"), int(params.get("port", "5432")))
+    params.update(host="127.0.0.1", port=str(proxy.port))
+    via_proxy = psycopg_conninfo(params)
+    proc = start(
+        started, "run", "job", "--ttl", "1s", "--dsn", via_proxy, "--", *child, "trap", str(out)
+    )
+    try:
+        wait_for(out, "ready", proc)
+    finally:
+        proxy.cut()
+    code, err = finish(proc)
+    assert code == 75, err
+    assert "lease 'job' was lost" in err
+    assert out.read_text().splitlines() == ["ready", "SIGTERM"]
+
+
+def psycopg_conninfo(params: dict[str, str]) -> str:
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo("", **params)
