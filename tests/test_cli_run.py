@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from pylease import dsn as dsn_mod
 
@@ -397,7 +398,7 @@ def test_an_unreachable_database_stops_the_child_and_exits_75(
     params = dsn_mod.parse(dsn)
     proxy = Proxy(params.get("host", "127.0.0.1"), int(params.get("port", "5432")))
     params.update(host="127.0.0.1", port=str(proxy.port))
-    via_proxy = psycopg_conninfo(params)
+    via_proxy = make_conninfo("", **params)
     proc = start(
         started, "run", "job", "--ttl", "1s", "--dsn", via_proxy, "--", *child, "trap", str(out)
     )
@@ -409,9 +410,3 @@ def test_an_unreachable_database_stops_the_child_and_exits_75(
     assert code == 75, err
     assert "lease 'job' was lost" in err
     assert out.read_text().splitlines() == ["ready", "SIGTERM"]
-
-
-def psycopg_conninfo(params: dict[str, str]) -> str:
-    from psycopg.conninfo import make_conninfo
-
-    return make_conninfo("", **params)
