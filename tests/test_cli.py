@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -380,3 +383,18 @@ def test_steal_without_privilege_is_loud(dsn: str) -> None:
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_shell_completion() -> None:
+    script = ok("--show-completion", "bash").stdout
+    assert "complete -o default -F _pylease_completion pylease" in script
+    pylease = Path(sys.executable).parent / "pylease"
+    for words, cword, expected in (
+        ("pylease st", "1", ["steal", "status"]),
+        ("pylease run x --bu", "3", ["--busy-exit"]),
+    ):
+        env = {"_PYLEASE_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": cword}
+        done = subprocess.run(
+            [str(pylease)], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+        )
+        assert done.stdout.split() == expected, done.stderr
