@@ -15,9 +15,11 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from typer.testing import CliRunner, Result
 
 from pylease import __version__, durations
+from pylease import dsn as dsn_mod
 from pylease.cli import app
 
 runner = CliRunner()
@@ -374,8 +376,10 @@ def test_steal_without_privilege_is_loud(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     try:
-        app_dsn = dsn.replace("user=postgres", f"user={role}")
-        assert app_dsn != dsn
+        params = dsn_mod.parse(dsn)
+        params["user"] = role
+        params.pop("password", None)
+        app_dsn = make_conninfo("", **params)
         ok("claim", "x", "--ttl", "1m", "--holder", "a", "--dsn", app_dsn)
         result = cli("steal", "x", "--ttl", "1m", "--holder", "b", "--dsn", app_dsn)
         assert result.exit_code == 3, result.output
