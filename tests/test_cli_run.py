@@ -369,12 +369,20 @@ class Proxy:
         while True:
             try:
                 client, _ = self.listener.accept()
-                server = socket.create_connection(self.upstream)
+                server = self._connect()
             except OSError:
                 return
             self.sockets += [client, server]
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _connect(self) -> socket.socket:
+        host, port = self.upstream
+        if not host.startswith("/"):
+            return socket.create_connection(self.upstream)
+        server = socket.socket(socket.AF_UNIX)  # a libpq socket directory
+        server.connect(f"{host}/.s.PGSQL.{port}")
+        return server
 
     @staticmethod
     def _pump(src: socket.socket, dst: socket.socket) -> None:
