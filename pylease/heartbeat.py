@@ -156,7 +156,7 @@ class Keeper:
             group = self._groups.get(source.key)
             if group is not None and ticket in group.tickets:
                 group.tickets.remove(ticket)
-                if not group.tickets:
+                if not group.tickets and not group.busy:
                     del self._groups[source.key]
             # A tick that already sent this renewal is answered before the release
             # goes out, so its answer cannot be taken for a loss after the release.
@@ -194,12 +194,15 @@ class Keeper:
             due = []
             for key, group in list(self._groups.items()):
                 if not group.tickets:
-                    del self._groups[key]
+                    # A group whose tick is under way stays, so that a lease added
+                    # meanwhile does not start a second tick beside a hung one.
+                    if not group.busy:
+                        del self._groups[key]
                 elif group.next_at <= now and not group.busy:
                     group.busy = True
                     due.append((group, list(group.tickets)))
                     self._inflight.update(group.tickets)
-            done = not self._groups
+            done = not any(g.tickets for g in self._groups.values())
             if done:
                 self._thread = None
             elif not overdue and not due:
@@ -226,6 +229,9 @@ class Keeper:
         finally:
             with self._cond:
                 group.busy = False
+                key = group.source.key
+                if not group.tickets and self._groups.get(key) is group:
+                    del self._groups[key]
                 self._inflight.difference_update(batch)
                 self._cond.notify_all()
 

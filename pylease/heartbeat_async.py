@@ -53,13 +53,18 @@ class _Group:
         self.next_at = float("inf")
         self.failures = 0
         self.last_error: BaseException | None = None
+        self.busy = False
 
     def interval(self) -> float:
         return min(t.interval for t in self.tickets)
 
 
 class AsyncKeeper:
-    """Keeps the tickets of one event loop fresh from one task."""
+    """Keeps the tickets of one event loop fresh from one task.
+
+    The task schedules; each tick's statement runs in a task of its own, so a
+    renewal that hangs cannot hold up the verdict on any lease.
+    """
 
     def __init__(self) -> None:
         self._groups: dict[Any, _Group] = {}
@@ -67,6 +72,7 @@ class AsyncKeeper:
         self._changed = asyncio.Event()
         self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._ticks: set[asyncio.Task[None]] = set()
 
     def add(self, ticket: Ticket, source: AsyncSource) -> None:
         group = self._groups.get(source.key)
@@ -85,7 +91,7 @@ class AsyncKeeper:
         group = self._groups.get(source.key)
         if group is not None and ticket in group.tickets:
             group.tickets.remove(ticket)
-            if not group.tickets:
+            if not group.tickets and not group.busy:
                 del self._groups[source.key]
         limit = time.monotonic() + STOP_WAIT
         while ticket in self._inflight and time.monotonic() < limit:
@@ -102,7 +108,7 @@ class AsyncKeeper:
     async def _run(self) -> None:
         # Checked and left without an await in between, so a ticket added by add()
         # is either seen here or finds this task done and starts another.
-        while self._groups:
+        while any(g.tickets for g in self._groups.values()):
             try:
                 await self._step()
             except Exception:
@@ -117,33 +123,44 @@ class AsyncKeeper:
         due = []
         for key, group in list(self._groups.items()):
             if not group.tickets:
-                del self._groups[key]
-            elif group.next_at <= now:
+                if not group.busy:
+                    del self._groups[key]
+            elif group.next_at <= now and not group.busy:
+                group.busy = True
                 due.append((group, list(group.tickets)))
                 self._inflight.update(group.tickets)
-        if self._groups and not overdue and not due:
-            wake = min(
-                min(g.next_at for g in self._groups.values()),
-                min(t.deadline for g in self._groups.values() for t in g.tickets),
+        for group, batch in due:
+            task = asyncio.get_running_loop().create_task(
+                self._tick(group, batch), name="pylease-renew"
             )
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(wake - now, 0.001))
-            return
+            self._ticks.add(task)
+            task.add_done_callback(self._ticks.discard)
         for group, ticket in overdue:
             why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
             error = notify_lost(ticket, why)
             if error is not None:
                 await call_on_lost(ticket, error)
-        if due:
-            await asyncio.gather(*(self._tick(group, batch) for group, batch in due))
+        if overdue or not any(g.tickets for g in self._groups.values()):
+            return
+        wake = min(
+            min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
+            min(t.deadline for g in self._groups.values() for t in g.tickets),
+        )
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), max(wake - time.monotonic(), 0.001))
 
     async def _tick(self, group: _Group, batch: list[Ticket]) -> None:
         try:
             await self._renew(group, batch)
         finally:
+            group.busy = False
+            key = group.source.key
+            if not group.tickets and self._groups.get(key) is group:
+                del self._groups[key]
             self._inflight.difference_update(batch)
             self._settled.set()
+            self._changed.set()
 
     async def _renew(self, group: _Group, batch: list[Ticket]) -> None:
         sent_at = time.monotonic()
