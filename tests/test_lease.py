@@ -481,3 +481,13 @@ def test_a_pool_target_waits_through_notify(dsn: str, conn: Conn, conn2: Conn) -
         thread.join(DETECT)
         assert "fence" in result, result
         assert time.monotonic() - released_at < 2.0
+
+
+def test_a_schema_named_in_the_connection_string_reaches_the_heartbeat(empty_dsn: str) -> None:
+    from pylease.migrate import migrate
+
+    migrate(empty_dsn, "leases", say=lambda _line: None)
+    url = psycopg.conninfo.make_conninfo(empty_dsn, options="-c search_path=leases")
+    with psycopg.connect(url, autocommit=True) as mine, lease(mine, "sweep", ttl=0.6) as held:
+        assert wait_until(lambda: held._ticket.renewals >= 2)
+        held.check()

@@ -585,3 +585,18 @@ async def test_a_pool_target_waits_through_notify(dsn: str, aconn: AConn, aconn2
         await asyncio.wait_for(task, DETECT)
     assert "fence" in result, result
     assert result["at"] - released_at < 2.0
+
+
+async def test_a_schema_named_in_the_connection_string_reaches_the_heartbeat(
+    empty_dsn: str,
+) -> None:
+    from pylease.migrate import migrate
+
+    migrate(empty_dsn, "leases", say=lambda _line: None)
+    url = psycopg.conninfo.make_conninfo(empty_dsn, options="-c search_path=leases")
+    async with (
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as mine,
+        alease(mine, "sweep", ttl=0.6) as held,
+    ):
+        assert await asleep_until(lambda: held._ticket.renewals >= 2)
+        held.check()
