@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from pylease.errors import InvalidArgument
 
@@ -80,3 +82,39 @@ def fence(value: object) -> int:
     if not -(2**63) <= value < 2**63:
         raise InvalidArgument("pylease: fence is out of range", parameter="fence")
     return value
+
+
+def key_lists(names: object, holders: object) -> tuple[list[str], list[str]]:
+    """The names and holders of ``renew_many``: sequences of keys, of equal length."""
+    name_list = _sequence("names", names)
+    holder_list = _sequence("holders", holders)
+    if len(name_list) != len(holder_list):
+        raise InvalidArgument(
+            "pylease: holders must have as many elements as names", parameter="holders"
+        )
+    _all_keys("names", name_list)
+    _all_keys("holders", holder_list)
+    return name_list, holder_list
+
+
+def _sequence(parameter: str, values: object) -> list[Any]:
+    if values is None:
+        raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidArgument(
+            f"pylease: {parameter} must be a sequence of str, not {type(values).__name__}",
+            parameter=parameter,
+        )
+    return list(values)
+
+
+def _all_keys(parameter: str, values: list[Any]) -> None:
+    for value in values:
+        try:
+            key(parameter, value)
+        except InvalidArgument:
+            raise InvalidArgument(
+                f"pylease: {parameter} must hold only non-empty texts of at most "
+                f"{MAX_KEY_LENGTH} characters",
+                parameter=parameter,
+            ) from None

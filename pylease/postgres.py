@@ -17,6 +17,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
+from pylease import _validate
 from pylease._backend import LeaseRow
 from pylease.errors import DatabaseUnavailable, InvalidArgument, PyleaseError, SchemaMissing
 
@@ -54,6 +55,50 @@ def wrap_errors(name: str | None = None) -> Iterator[None]:
         raise PyleaseError(f"pylease: {type(exc).__name__}: {_one_line(exc)}", name=name) from exc
 
 
+class _args:
+    """Each operation's parameters, checked before any SQL runs, as the SQLite backend does."""
+
+    @staticmethod
+    def claim(name: object, ttl: object, holder: object) -> tuple[Any, ...]:
+        return (_validate.key("name", name), _validate.ttl(ttl), _validate.key("holder", holder))
+
+    @staticmethod
+    def renew(name: object, holder: object, ttl: object) -> tuple[Any, ...]:
+        span = None if ttl is None else _validate.ttl(ttl)
+        return (_validate.key("name", name), _validate.key("holder", holder), span)
+
+    @staticmethod
+    def renew_many(names: object, holders: object, ttl: object) -> tuple[Any, ...]:
+        span = None if ttl is None else _validate.ttl(ttl)
+        return (*_validate.key_lists(names, holders), span)
+
+    @staticmethod
+    def release(name: object, holder: object, min_hold: object) -> tuple[Any, ...]:
+        span = None if min_hold is None else _validate.span("min_hold", min_hold)
+        return (_validate.key("name", name), _validate.key("holder", holder), span)
+
+    @staticmethod
+    def steal(name: object, ttl: object, holder: object, older_than: object) -> tuple[Any, ...]:
+        return (
+            _validate.key("name", name),
+            _validate.ttl(ttl),
+            _validate.key("holder", holder),
+            _validate.span("older_than", older_than),
+        )
+
+    @staticmethod
+    def holds(name: object, holder: object, fence: object) -> tuple[Any, ...]:
+        return (
+            _validate.key("name", name),
+            _validate.key("holder", holder),
+            _validate.fence(fence),
+        )
+
+    @staticmethod
+    def status(name: object) -> tuple[Any, ...]:
+        return (None if name is None else _validate.key("name", name),)
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
@@ -76,34 +121,34 @@ class PostgresBackend:
         return row[0]
 
     def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        result: int | None = self._one(CLAIM, (name, ttl, holder), name)
+        result: int | None = self._one(CLAIM, _args.claim(name, ttl, holder), name)
         return result
 
     def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        return bool(self._one(RENEW, (name, holder, ttl), name))
+        return bool(self._one(RENEW, _args.renew(name, holder, ttl), name))
 
     def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
         with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(RENEW_MANY, (list(names), list(holders), ttl))
+            cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
             return [(n, bool(r)) for n, r in cur.fetchall()]
 
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
-        return bool(self._one(RELEASE, (name, holder, min_hold), name))
+        return bool(self._one(RELEASE, _args.release(name, holder, min_hold), name))
 
     def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
     ) -> int | None:
-        result: int | None = self._one(STEAL, (name, ttl, holder, older_than), name)
+        result: int | None = self._one(STEAL, _args.steal(name, ttl, holder, older_than), name)
         return result
 
     def holds(self, name: str, holder: str, fence: int) -> bool:
-        return bool(self._one(HOLDS, (name, holder, fence), name))
+        return bool(self._one(HOLDS, _args.holds(name, holder, fence), name))
 
     def status(self, name: str | None = None) -> list[LeaseRow]:
         with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(STATUS, (name,))
+            cur.execute(STATUS, _args.status(name))
             return [_row(r) for r in cur.fetchall()]
 
 
@@ -122,34 +167,36 @@ class AsyncPostgresBackend:
         return row[0]
 
     async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        result: int | None = await self._one(CLAIM, (name, ttl, holder), name)
+        result: int | None = await self._one(CLAIM, _args.claim(name, ttl, holder), name)
         return result
 
     async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        return bool(await self._one(RENEW, (name, holder, ttl), name))
+        return bool(await self._one(RENEW, _args.renew(name, holder, ttl), name))
 
     async def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
         with wrap_errors():
             async with self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(RENEW_MANY, (list(names), list(holders), ttl))
+                await cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
                 return [(n, bool(r)) for n, r in await cur.fetchall()]
 
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
-        return bool(await self._one(RELEASE, (name, holder, min_hold), name))
+        return bool(await self._one(RELEASE, _args.release(name, holder, min_hold), name))
 
     async def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
     ) -> int | None:
-        result: int | None = await self._one(STEAL, (name, ttl, holder, older_than), name)
+        result: int | None = await self._one(
+            STEAL, _args.steal(name, ttl, holder, older_than), name
+        )
         return result
 
     async def holds(self, name: str, holder: str, fence: int) -> bool:
-        return bool(await self._one(HOLDS, (name, holder, fence), name))
+        return bool(await self._one(HOLDS, _args.holds(name, holder, fence), name))
 
     async def status(self, name: str | None = None) -> list[LeaseRow]:
         with wrap_errors(name):
             async with self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(STATUS, (name,))
+                await cur.execute(STATUS, _args.status(name))
                 return [_row(r) for r in await cur.fetchall()]

@@ -515,29 +515,6 @@ def _when(unix_seconds: float) -> datetime:
     return datetime.fromtimestamp(unix_seconds, UTC)
 
 
-def _keys(parameter: str, values: object) -> list[str]:
-    if values is None:
-        raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise InvalidArgument(
-            f"pylease: {parameter} must be a sequence of str, not {type(values).__name__}",
-            parameter=parameter,
-        )
-    return list(values)
-
-
-def _all_keys(parameter: str, values: list[Any]) -> None:
-    for value in values:
-        try:
-            _validate.key(parameter, value)
-        except InvalidArgument:
-            raise InvalidArgument(
-                f"pylease: {parameter} must hold only non-empty texts of at most "
-                f"{_validate.MAX_KEY_LENGTH} characters",
-                parameter=parameter,
-            ) from None
-
-
 class SqliteBackend:
     """Lease operations on one SQLite connection, with the semantics of the SQL API.
 
@@ -635,14 +612,7 @@ class SqliteBackend:
     def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        name_list = _keys("names", names)
-        holder_list = _keys("holders", holders)
-        if len(name_list) != len(holder_list):
-            raise InvalidArgument(
-                "pylease: holders must have as many elements as names", parameter="holders"
-            )
-        _all_keys("names", name_list)
-        _all_keys("holders", holder_list)
+        name_list, holder_list = _validate.key_lists(names, holders)
         seconds = None if ttl is None else _seconds(_validate.ttl(ttl))
         if not name_list:
             return []

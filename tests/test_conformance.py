@@ -600,6 +600,28 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
             ("status", (TOO_LONG,), Raises("pylease: name must be at most 200 characters")),
         ],
     ),
+    (
+        "wrong types and values no database can store: the same error on both",
+        [
+            (
+                "claim",
+                ("a\x00b", LONG, "h1"),
+                Raises("pylease: name must not contain NUL characters"),
+            ),
+            ("claim", (7, LONG, "h1"), Raises("pylease: name must be a str, not int")),
+            ("renew_many", (None, ["h1"]), Raises("pylease: names must not be NULL")),
+            ("holds", ("a", "h1", 2**63), Raises("pylease: fence is out of range")),
+            NOTHING_STORED,
+        ],
+    ),
+    (
+        "a ttl in seconds works like a timedelta",
+        [
+            ("claim", ("a", 30, "h1"), 1),
+            ("renew", ("a", "h1", 60.5), True),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
 ]
 
 
