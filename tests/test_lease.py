@@ -491,3 +491,11 @@ def test_a_schema_named_in_the_connection_string_reaches_the_heartbeat(empty_dsn
     with psycopg.connect(url, autocommit=True) as mine, lease(mine, "sweep", ttl=0.6) as held:
         assert wait_until(lambda: held._ticket.renewals >= 2)
         held.check()
+
+
+def test_a_body_that_closes_the_connection_is_released_through_the_leases_own(
+    dsn: str, conn2: Conn
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as mine, lease(mine, "sweep", ttl=5):
+        mine.close()
+    assert claim(conn2, "sweep") is not None

@@ -600,3 +600,14 @@ async def test_a_schema_named_in_the_connection_string_reaches_the_heartbeat(
     ):
         assert await asleep_until(lambda: held._ticket.renewals >= 2)
         held.check()
+
+
+async def test_a_body_that_closes_the_connection_is_released_through_the_leases_own(
+    dsn: str, aconn2: AConn
+) -> None:
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as mine,
+        alease(mine, "sweep", ttl=5),
+    ):
+        await mine.close()
+    assert await aclaim(aconn2, "sweep") is not None
