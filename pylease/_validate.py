@@ -33,6 +33,15 @@ def key(parameter: str, value: object) -> str:
         raise InvalidArgument(
             f"pylease: {parameter} must not contain NUL characters", parameter=parameter
         )
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates, e.g. from undecodable bytes in argv: no database stores them.
+            raise InvalidArgument(
+                f"pylease: {parameter} must be valid Unicode (no lone surrogates)",
+                parameter=parameter,
+            ) from None
     return value
 
 
@@ -40,6 +49,9 @@ def _seconds(parameter: str, value: object) -> timedelta:
     if value is None:
         raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
     if isinstance(value, timedelta):
+        if abs(value) > MAX_TTL * 1000:
+            # Past this, now + span leaves the range of the databases' timestamps.
+            raise InvalidArgument(f"pylease: {parameter} is out of range", parameter=parameter)
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(
