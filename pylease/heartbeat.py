@@ -224,8 +224,9 @@ class Keeper:
         return not done
 
     def _tick(self, group: _Group, batch: list[Ticket]) -> None:
+        lost: list[Ticket] = []
         try:
-            self._renew(group, batch)
+            lost = self._renew(group, batch)
         finally:
             with self._cond:
                 group.busy = False
@@ -234,8 +235,15 @@ class Keeper:
                     del self._groups[key]
                 self._inflight.difference_update(batch)
                 self._cond.notify_all()
+        # Only now: a callback that ends a lease must not wait for this very tick.
+        for ticket in lost:
+            why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
+            error = notify_lost(ticket, why)
+            if error is not None:
+                call_on_lost(ticket, error)
 
-    def _renew(self, group: _Group, batch: list[Ticket]) -> None:
+    def _renew(self, group: _Group, batch: list[Ticket]) -> list[Ticket]:
+        """Renew ``batch`` in one statement; the tickets found lost."""
         sent_at = time.monotonic()
         try:
             rows = group.source.run(
@@ -256,7 +264,7 @@ class Keeper:
             )
             with self._cond:
                 group.next_at = time.monotonic() + backoff * random.uniform(0.8, 1.2)
-            return
+            return []
         group.failures = 0
         group.last_error = None
         lost: list[Ticket] = []
@@ -271,11 +279,7 @@ class Keeper:
                     lost.append(ticket)
             if group.tickets:
                 group.next_at = sent_at + group.interval()
-        for ticket in lost:
-            why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
-            error = notify_lost(ticket, why)
-            if error is not None:
-                call_on_lost(ticket, error)
+        return lost
 
 
 def group_interval(batch: list[Ticket]) -> float:

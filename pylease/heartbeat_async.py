@@ -151,8 +151,9 @@ class AsyncKeeper:
             await asyncio.wait_for(self._changed.wait(), max(wake - time.monotonic(), 0.001))
 
     async def _tick(self, group: _Group, batch: list[Ticket]) -> None:
+        lost: list[Ticket] = []
         try:
-            await self._renew(group, batch)
+            lost = await self._renew(group, batch)
         finally:
             group.busy = False
             key = group.source.key
@@ -161,8 +162,15 @@ class AsyncKeeper:
             self._inflight.difference_update(batch)
             self._settled.set()
             self._changed.set()
+        # Only now: a callback that ends a lease must not wait for this very tick.
+        for ticket in lost:
+            why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
+            error = notify_lost(ticket, why)
+            if error is not None:
+                await call_on_lost(ticket, error)
 
-    async def _renew(self, group: _Group, batch: list[Ticket]) -> None:
+    async def _renew(self, group: _Group, batch: list[Ticket]) -> list[Ticket]:
+        """Renew ``batch`` in one statement; the tickets found lost."""
         sent_at = time.monotonic()
         names, holders = [t.name for t in batch], [t.holder for t in batch]
         # A renewal that hangs past the batch's earliest deadline is abandoned, so
@@ -187,10 +195,10 @@ class AsyncKeeper:
                 exc if str(exc) else type(exc).__name__,
             )
             group.next_at = time.monotonic() + backoff * random.uniform(0.8, 1.2)
-            return
+            return []
         group.failures = 0
         group.last_error = None
-        lost = []
+        lost: list[Ticket] = []
         for ticket, (_name, renewed) in zip(batch, rows, strict=True):
             if ticket not in group.tickets:
                 continue  # stopped meanwhile: its answer no longer matters
@@ -201,11 +209,7 @@ class AsyncKeeper:
                 lost.append(ticket)
         if group.tickets:
             group.next_at = sent_at + group.interval()
-        for ticket in lost:
-            why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
-            error = notify_lost(ticket, why)
-            if error is not None:
-                await call_on_lost(ticket, error)
+        return lost
 
 
 _keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncKeeper] = (
