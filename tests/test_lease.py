@@ -499,28 +499,3 @@ def test_a_body_that_closes_the_connection_is_released_through_the_leases_own(
     with psycopg.connect(dsn, autocommit=True) as mine, lease(mine, "sweep", ttl=5):
         mine.close()
     assert claim(conn2, "sweep") is not None
-
-
-def test_waiters_take_turns_through_notify(dsn: str, conn: Conn) -> None:
-    # Five waiters, one lease: each release wakes the others, one wins; with a poll
-    # interval of a minute, only the notifications can get them all through in time.
-    fences: list[int] = []
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            with lease(dsn, "sweep", ttl=120, wait=60, poll_interval=60) as held:
-                fences.append(held.fence)
-                time.sleep(0.05)
-        except BaseException as exc:
-            errors.append(exc)
-
-    with lease(conn, "sweep", ttl=120):
-        threads = [threading.Thread(target=worker) for _ in range(5)]
-        for thread in threads:
-            thread.start()
-        time.sleep(0.3)
-    for thread in threads:
-        thread.join(30)
-    assert errors == []
-    assert sorted(fences) == fences and len(set(fences)) == 5
