@@ -152,11 +152,12 @@ class AsyncLease:
         self._link = None
         released: bool | None = None
         trouble: Exception | None = None
+        ticket.task = None  # no cancellation from here on
+        outside_cancel = False
         try:
-            ticket.task = None  # no cancellation from here on
-            exc = await self._absorb_our_cancel(ticket, exc)
             if self._opts.heartbeat:
                 await keeper().remove(ticket, link_.source)
+            exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
             name, holder, min_hold = ticket.name, ticket.holder, self._opts.min_hold
             try:
                 released = await link_.run_release(
@@ -166,6 +167,8 @@ class AsyncLease:
                 trouble = err
         finally:
             await link_.close()
+        if outside_cancel and exc is None:
+            raise asyncio.CancelledError
         if ticket.cancelled_body and isinstance(exc, asyncio.CancelledError):
             # The body was cancelled because the lease was lost: that loss is the story.
             error = ticket.error() or LeaseLost(ticket.name, "its body was cancelled")
@@ -176,10 +179,13 @@ class AsyncLease:
 
     async def _absorb_our_cancel(
         self, ticket: AsyncTicket, exc: BaseException | None
-    ) -> BaseException | None:
-        """Take back the cancellation this lease requested, leaving any other one be."""
+    ) -> tuple[BaseException | None, bool]:
+        """Take back the cancellation this lease requested, leaving any other one be.
+
+        Returns the block's exception and whether somebody else cancelled the task too.
+        """
         if not ticket.cancelled_body:
-            return exc
+            return exc, False
         task = asyncio.current_task()
         assert task is not None
         if not isinstance(exc, asyncio.CancelledError):
@@ -188,11 +194,9 @@ class AsyncLease:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0)
         if task.uncancel() > self._cancelling:
-            # Somebody else cancelled this task too: that cancellation stands.
             ticket.cancelled_body = False
-            if exc is None:
-                raise asyncio.CancelledError
-        return exc
+            return exc, True
+        return exc, False
 
 
 def alease(

@@ -101,7 +101,7 @@ async def test_a_steal_is_detected_without_cancelling(aconn: AConn, aconn2: ACon
                 held.check()
 
 
-async def test_an_outside_cancellation_stays_a_cancellation(aconn: AConn) -> None:
+async def test_an_outside_cancellation_stays_a_cancellation(aconn: AConn, aconn2: AConn) -> None:
     async def body() -> None:
         async with alease(aconn, "sweep", ttl=0.6):
             await asyncio.sleep(DETECT)
@@ -111,6 +111,21 @@ async def test_an_outside_cancellation_stays_a_cancellation(aconn: AConn) -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert keeper().tickets() == []
+    assert await aclaim(aconn2, "sweep") is not None  # released on the way out
+
+
+async def test_an_outside_cancellation_stands_beside_a_loss(aconn: AConn, aconn2: AConn) -> None:
+    async def body() -> None:
+        async with alease(aconn, "sweep", ttl=0.6, on_lost=lambda _e: task.cancel()):
+            await asteal(aconn2, "sweep")
+            await asyncio.sleep(DETECT)
+
+    # on_lost cancels the task too, as an outside party would, right before the lease does.
+    task = asyncio.create_task(body())
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert keeper().tickets() == []
 
 
 async def test_the_callers_rollback_keeps_the_renewals(aconn: AConn, aconn2: AConn) -> None:
