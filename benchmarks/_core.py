@@ -28,7 +28,7 @@ class Scale:
     park: float = 0.02  # seconds a waiter is left blocked before the release
     workers: tuple[int, ...] = (1, 2, 4, 8, 16)
     names: tuple[int, ...] = (1, 64)
-    contention_seconds: float = 1.0
+    contention_seconds: float = 1.5
     contention_rounds: int = 3
     peer_ops: int = 200
     peer_rounds: int = 7
