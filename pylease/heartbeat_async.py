@@ -78,6 +78,9 @@ class AsyncKeeper:
         group = self._groups.get(source.key)
         if group is None:
             group = self._groups[source.key] = _Group(source)
+        # The source in use now: a group kept through a tick may still hold one
+        # that the registry has closed since.
+        group.source = source
         group.tickets.append(ticket)
         group.next_at = min(group.next_at, time.monotonic() + ticket.interval)
         if self._task is None or self._task.done():
