@@ -45,15 +45,15 @@ def mp_context() -> Any:
 def worker(dsn: str, index: int, pipe: Pipe) -> None:
     """Serve ``(names, seconds, start_at)`` commands until told ``None``."""
     conn = psycopg.connect(dsn, autocommit=True, application_name=f"pylease-bench-w{index}")
-    conn.execute("LISTEN pylease")
     holder = f"bench-w{index}-{os.getpid()}"
     cur = conn.cursor()
     rng = random.Random(index)
     pipe.send("ready")
     while (command := pipe.recv()) is not None:
         names, seconds, start_at = command
-        for _ in conn.notifies(timeout=0):  # stale wake-ups from the previous run
-            pass
+        # Listen only while taking part: an idle listener's backend is still woken
+        # by every release, and would tax the 2 cores the others run on.
+        conn.execute("LISTEN pylease")
         time.sleep(max(0.0, start_at - time.monotonic()))
         deadline = start_at + seconds
         cycles = busy = overlaps = rejected = 0
@@ -77,7 +77,11 @@ def worker(dsn: str, index: int, pipe: Pipe) -> None:
             cur.execute(RELEASE, (name, holder))
             cur.fetchone()
             cycles += 1
-        pipe.send((cycles, busy, overlaps, rejected, time.monotonic() - start_at))
+        elapsed = time.monotonic() - start_at
+        conn.execute("UNLISTEN *")
+        for _ in conn.notifies(timeout=0):  # drop what arrived meanwhile
+            pass
+        pipe.send((cycles, busy, overlaps, rejected, elapsed))
     conn.close()
 
 
