@@ -121,7 +121,8 @@ def bench_contention(ctx: Context) -> Section:
     s = ctx.scale
     section = Section(
         "contention",
-        "6. Contention: worker processes cycling over 1 name and over 64 names",
+        "6. Contention: worker processes cycling over "
+        + " and over ".join(f"{n} name{'s' if n > 1 else ''}" for n in s.names),
         header=["workers"]
         + [f"{n} name{'s' if n > 1 else ''}: cycles/s median [min..max]" for n in s.names]
         + [f"{n} name{'s' if n > 1 else ''}: busy claims/s" for n in s.names],
