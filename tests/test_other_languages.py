@@ -182,7 +182,47 @@ def test_a_python_waiter_wakes_on_a_release_from_node(dsn: str, conn: Conn, node
         holder.wait(BOUND)
 
 
-def test_node_and_psql_refuse_bad_input_like_python(dsn: str, conn: Conn, node: str) -> None:
+def test_psql_and_python_share_leases_without_node(dsn: str, conn: Conn) -> None:
+    """The psql half needs no node: it runs wherever the tests do."""
+    conn.execute(WRITES)
+    with lease(dsn, "nightly", ttl=30) as py:
+        assert psql(dsn, "claim.psql", name="nightly", ttl="1 hour", holder="psql-1") == (
+            f"busy {py.holder}"
+        )
+    out = psql(dsn, "claim.psql", name="nightly", ttl="1 hour", holder="psql-1").splitlines()
+    assert out[0].startswith("granted ") and out[1] == "written", out
+    psql_fence = int(out[0].split()[1])
+    assert psql_fence > py.fence
+    assert psql(dsn, "write.psql", name="nightly", holder=py.holder, fence=py.fence) == "rejected"
+    got: dict[str, Any] = {}
+
+    def wait() -> None:
+        # Neither the hour-long ttl nor the poll interval: psql's NOTIFY wakes it.
+        with lease(dsn, "nightly", ttl=30, wait=BOUND, poll_interval=BOUND) as mine:
+            got["fence"] = mine.fence
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_for_listener(conn)
+    assert psql(dsn, "release.psql", name="nightly", holder="psql-1") == "released"
+    waiter.join(BOUND)
+    assert not waiter.is_alive()
+    assert got["fence"] > psql_fence
+    rows = conn.execute("SELECT client, holder, fence FROM writes ORDER BY seq").fetchall()
+    assert rows == [("psql", "psql-1", psql_fence)]
+
+
+def wait_for_listener(conn: Conn) -> None:
+    limit = time.monotonic() + BOUND
+    while not conn.execute(
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'pylease-listen'"
+        " AND datname = current_database()"
+    ).fetchone()[0]:  # type: ignore[index]
+        assert time.monotonic() < limit, "the waiter never listened"
+        time.sleep(0.02)
+
+
+def test_node_refuses_bad_input_like_python(dsn: str, conn: Conn, node: str) -> None:
     bad = subprocess.run(
         [node, str(INTEROP / "lease.js"), url(dsn), "claim", "", "30 seconds", "node-1"],
         capture_output=True,
@@ -190,6 +230,10 @@ def test_node_and_psql_refuse_bad_input_like_python(dsn: str, conn: Conn, node: 
         timeout=BOUND,
     )
     assert bad.returncode == 2 and "name must not be empty" in bad.stderr, bad
+    assert conn.execute("SELECT count(*) FROM pylease_leases").fetchone() == (0,)
+
+
+def test_psql_refuses_bad_input_like_python(dsn: str, conn: Conn) -> None:
     done = subprocess.run(
         [
             *("psql", "-X", "-q", "-t", "-A", "-d", dsn, "-f", str(INTEROP / "claim.psql")),
