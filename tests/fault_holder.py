@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -29,8 +30,15 @@ FENCED_WRITE = (
 )
 
 
+_out = threading.Lock()
+
+
 def say(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, "pid": os.getpid(), **fields}), flush=True)
+    # One write per line, under a lock: on_lost reports from the keeper's thread.
+    line = json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n"
+    with _out:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def hold_pg(dsn: str, name: str, ttl: float, wait: float) -> None:

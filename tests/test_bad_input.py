@@ -203,12 +203,13 @@ ABSURD = timedelta(days=366 * 1000)
     "negative; a span too large for a timestamp fails with 22008 'timestamp out of range' "
     "instead of 22023 naming the parameter (pylease_check_span needs an upper bound)",
 )
-@pytest.mark.parametrize("call", ["lease_steal('n', '1s', 'h', %s)", "lease_release('n', 'h', %s)"])
+@pytest.mark.parametrize("call", ["lease_steal(%s, '1s', 'h', %s)", "lease_release(%s, 'h', %s)"])
 def test_sql_an_absurd_span_is_22023(module_conn: Conn, call: str) -> None:
-    module_conn.execute("SELECT lease_claim('n', '1 hour', 'h')")
+    name = f"absurd-{uuid.uuid4().hex[:8]}"
+    module_conn.execute("SELECT lease_claim(%s, '1 hour', 'h')", (name,))
     before = table(module_conn)
     with pytest.raises(pg_errors.InvalidParameterValue):
-        module_conn.execute(f"SELECT {call}", (timedelta.max,))  # type: ignore[call-overload]
+        module_conn.execute(f"SELECT {call}", (name, timedelta.max))  # type: ignore[call-overload]
     assert table(module_conn) == before
 
 
