@@ -214,12 +214,16 @@ def test_a_long_writer_makes_every_wait_bounded_then_everything_works(db: Path) 
 def test_a_writer_that_commits_in_time_only_delays_a_claim(db: Path) -> None:
     url = f"sqlite:///{db}"
     with long_writer(db, seconds=1.0) as child:
-        out = in_thread(lambda: lease(url, "job", ttl=30).__enter__())
+
+        def claim() -> tuple[int, str, str]:
+            with lease(url, "job", ttl=30) as held:
+                return held.fence, held.holder, rows(db)["job"][0]
+
+        out = in_thread(claim)
         assert child.stdout is not None and child.stdout.readline().strip() == "committed"
     assert "result" in out, out
-    held = out["result"]
-    assert held.fence == 1
-    assert rows(db)["job"][0] == held.holder
+    fence, holder, holder_in_file = out["result"]
+    assert fence == 1 and holder_in_file == holder
     integrity(db)
 
 
