@@ -5,7 +5,7 @@ port, with its ini and userlist in a temporary directory. Through it run:
 
 - the SQL contract suite (tests/test_sql_contract.py), with this module's
   ``dsn``, ``conn`` and ``conn2`` fixtures pointing through PgBouncer;
-- the Python API tests (tests/test_lease.py), likewise;
+- the Python API tests (tests/test_lease.py, tests/test_lease_async.py), likewise;
 
 except the few that need one server session for several statements by design
 (LISTEN, terminating a client's own backend, per-session statistics), listed
@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from pylease import LeaseBusy, lease, run_exclusive
-from tests import test_lease, test_sql_contract
+from tests import test_lease, test_lease_async, test_sql_contract
 from tests.faultkit import Bouncer
 
 Conn = psycopg.Connection[Any]
@@ -160,6 +160,7 @@ def _adopt(module: Any, prefix: str) -> None:
 
 _adopt(test_sql_contract, "contract")
 _adopt(test_lease, "api")
+_adopt(test_lease_async, "async_api")
 
 
 def test_the_adopted_suites_really_run_through_pgbouncer(
