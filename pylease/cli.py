@@ -346,14 +346,26 @@ def _claim_waiting(
                 pass
 
 
+def _printable(text: str) -> str:
+    """``text`` with control and invisible characters spelled out (``\\x1b``, ``\\u200b``).
+
+    Names and holders come from whoever claimed: shown, they must not drive the
+    terminal, nor hide how two look-alike holders differ.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def _busy_line(name: str, row: LeaseRow | None, now: datetime) -> str:
     if row is None:
         return f"lease {name!r} is busy"
     if row.held:
         left = durations.relative(_aware(row.expires_at) - now, "expires in {}", "expired {} ago")
-        return f"lease {name!r} is held by {row.holder} (fence {row.fence}, {left})"
+        return f"lease {name!r} is held by {_printable(row.holder)} (fence {row.fence}, {left})"
     left = durations.relative(_aware(row.expires_at) - now, "claimable in {}", "free {} ago")
-    return f"lease {name!r} was released by {row.holder} and rests until its min-hold ({left})"
+    by = _printable(row.holder)
+    return f"lease {name!r} was released by {by} and rests until its min-hold ({left})"
 
 
 # Commands ----------------------------------------------------------------------
@@ -510,7 +522,7 @@ def steal(
                 else "recently"
             )
             raise _fail(
-                f"lease {name!r} not stolen: {row.holder if row else 'its holder'} "
+                f"lease {name!r} not stolen: {_printable(row.holder) if row else 'its holder'} "
                 f"renewed it {renewed}, less than --older-than",
                 EXIT_NO,
             )
@@ -568,6 +580,7 @@ def status(
 def _print_table(rows: list[LeaseRow], now: datetime) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     table.add_column("NAME", overflow="fold")
@@ -585,7 +598,9 @@ def _print_table(rows: list[LeaseRow], now: datetime) -> None:
         else:
             state, expiry = "free", durations.relative(expires, "", "since {} ago")
         renewed = durations.relative(now - _aware(row.renewed_at), "renewed {} ago", "renewed now")
-        table.add_row(row.name, row.holder, str(row.fence), state, expiry, renewed)
+        # Names and holders are data: never rich markup, never terminal control codes.
+        name, holder = Text(_printable(row.name)), Text(_printable(row.holder))
+        table.add_row(name, holder, str(row.fence), state, expiry, renewed)
     # Piped into a file or a pager, keep one line per lease rather than 80 columns.
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 250)
     with console.capture() as captured:
@@ -789,12 +804,13 @@ def _spinner(name: str, quiet: bool) -> Iterator[Callable[[LeaseRow | None], Non
         return
     from rich.console import Console
     from rich.status import Status
+    from rich.text import Text
 
     shown: list[Status] = []
 
     def show(row: LeaseRow | None) -> None:
-        who = f": held by {row.holder}" if row is not None and row.held else ""
-        text = f"waiting for lease {name!r}{who}"
+        who = f": held by {_printable(row.holder)}" if row is not None and row.held else ""
+        text = Text(f"waiting for lease {name!r}{who}")
         if not shown:
             shown.append(Console(stderr=True).status(text))
             shown[0].start()

@@ -509,3 +509,26 @@ def test_cli_renew_steal_status_exit_0_1_or_2(
         if result.exit_code == 2:
             assert read() == before, args
         before = read()
+
+
+@FEW
+@given(name=keys, holder=keys)
+@example(name="[/bold]", holder="h")  # rich markup: a closing tag with no opening one
+@example(name="[red]alarm[/red]", holder="[link=https://example.com]me[/link]")
+@example(name="\x1b[2J\x1b[Hcleared", holder="h\x07")  # terminal escapes, a bell
+@example(name="job\roverwritten", holder="h\x1b]0;title\x07")
+def test_cli_status_shows_any_stored_name_and_holder_as_plain_text(
+    cli_url: tuple[str, Any], name: str, holder: str
+) -> None:
+    """Names and holders are data: the table neither interprets them nor passes escapes on."""
+    if not (key_ok(name) and key_ok(holder)):
+        return
+    url, _read = cli_url
+    claimed = cli(url, "claim", name, "--ttl", "1h", "--holder", holder)
+    assert claimed.exit_code in (0, 1), claimed.output
+    for args in (("status",), ("status", name)):
+        shown = cli(url, *args)
+        assert shown.exit_code == 0, shown.output
+        assert all(ch.isprintable() or ch == "\n" for ch in shown.stdout), repr(shown.stdout)
+    if claimed.exit_code == 0:
+        assert cli(url, "release", name, "--holder", holder).exit_code == 0
