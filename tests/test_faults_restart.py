@@ -9,6 +9,7 @@ before the lease's expiry, so the holder stops before anybody else may start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -19,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pylease import LeaseLost, lease
+from pylease import LeaseLost, alease, lease
 from pylease.heartbeat import margin
 from pylease.migrate import migrate
 from tests.faultkit import Server, server, wait_until
@@ -117,3 +118,36 @@ def test_a_restart_longer_than_the_ttl_is_reported_before_the_expiry(
     assert row is not None and row["holder"] == held.holder
     # Told on this host's clock, the expiry on the server's: the same clock here.
     assert told[0] < row["expires_at"], (told[0], row["expires_at"])
+
+
+async def test_an_async_holder_rides_out_a_short_restart(
+    restartable: tuple[Server, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The async twin: the keeper task on the event loop reconnects, the body is not cancelled."""
+    srv, url = restartable
+    caplog.set_level(logging.WARNING, logger="pylease")
+    name = f"sweep-{uuid.uuid4().hex[:8]}"
+    ttl = 15.0
+    lost: list[LeaseLost] = []
+
+    async def until(predicate: Any, what: str) -> None:
+        limit = time.monotonic() + 30
+        while not predicate():
+            assert time.monotonic() < limit, f"gave up waiting for {what}"
+            await asyncio.sleep(0.02)
+
+    async with alease(url, name, ttl=ttl, on_lost=lost.append) as held:
+        renewals = held._ticket.renewals
+        await until(lambda: held._ticket.renewals > renewals, "a renewal")
+        renewed_at = time.monotonic()
+        await asyncio.to_thread(srv.stop, "fast")
+        await until(lambda: renew_failures(caplog) > 0, "the keeper to meet the outage")
+        await asyncio.to_thread(srv.start)
+        assert time.monotonic() - renewed_at < ttl - margin(ttl), "the server came back too late"
+        failures = held._ticket.renewals
+        await until(lambda: held._ticket.renewals > failures, "a renewal after the restart")
+        held.check()
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
+            cur = await c.execute("SELECT holder, fence, held FROM lease_status(%s)", (name,))
+            assert await cur.fetchone() == (held.holder, held.fence, True)
+    assert lost == []
