@@ -8,6 +8,8 @@ what happened (who holds, which fence, which write landed), never how fast.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -193,3 +195,61 @@ def test_a_terminated_claimers_connection_leaves_the_lease_to_expire(
         # The release could not go out on the dead connection; the heartbeat stopped.
     wait_until(lambda: not status(conn, "sweep")["held"], what="the expiry")  # type: ignore[index]
     assert one(conn, "SELECT lease_claim('sweep', '5s', 'next')") == held.fence + 1
+
+
+# A paused `pylease run` --------------------------------------------------------
+
+CHILD = """
+import signal, sys, time
+out = open(sys.argv[1], "a", buffering=1)
+signal.signal(signal.SIGTERM, lambda *_: (out.write("SIGTERM\\n"), sys.exit(0)))
+out.write("ready\\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_paused_pylease_run_stops_its_command_and_exits_75(
+    dsn: str, conn: Conn, tmp_path: Any
+) -> None:
+    """The supervisor, paused past its ttl, learns on waking that the lease is gone.
+
+    Its command kept running meanwhile (SIGSTOP reached only the supervisor): that
+    is what fences are for. Once awake, it stops the command and says so.
+    """
+    out = tmp_path / "child.log"
+    run = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "pylease", "run", "job", "--ttl", "1.5s", "--dsn", dsn),
+            *("--", sys.executable, "-c", CHILD, str(out)),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: out.exists() and "ready" in out.read_text(), what="the command")
+        first = status(conn, "job")
+        assert first is not None and first["held"]
+        run.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: not status(conn, "job")["held"], what="the expiry")  # type: ignore[index]
+            fence = one(conn, "SELECT lease_claim('job', '1 min', 'next')")
+            assert fence == first["fence"] + 1
+        finally:
+            run.send_signal(signal.SIGCONT)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 75, err
+        assert "lease 'job' was lost" in err
+        assert out.read_text().splitlines() == ["ready", "SIGTERM"]
+        row = status(conn, "job")
+        assert row is not None and (row["holder"], row["fence"], row["held"]) == (
+            "next",
+            fence,
+            True,
+        )
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(10)
