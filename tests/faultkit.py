@@ -181,8 +181,12 @@ class Bouncer:
             _give_to_postgres(path)
         binary = pgbouncer_binary()
         assert binary, "pgbouncer is not installed: .ci/run installs it (apt-get install pgbouncer)"
+        self._command = [binary, str(ini)]
+        self._launch()
+
+    def _launch(self) -> None:
         self.proc = subprocess.Popen(
-            [binary, str(ini)],
+            self._command,
             cwd=self.base,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -197,6 +201,16 @@ class Bouncer:
         )
         if self.proc.poll() is not None:
             raise RuntimeError(f"pgbouncer exited: {self.logtext()}")
+
+    def kill(self) -> None:
+        """Stop PgBouncer at once (SIGKILL): every client and server connection drops."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def relaunch(self) -> None:
+        """Start it again with the same configuration, on the same port."""
+        self._launch()
 
     def logtext(self) -> str:
         try:

@@ -16,6 +16,7 @@ indifferent to which server connection a statement lands on.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ import pytest
 
 from pylease import LeaseBusy, lease, run_exclusive
 from tests import test_lease, test_lease_async, test_sql_contract
-from tests.faultkit import Bouncer
+from tests.faultkit import Bouncer, wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -254,3 +255,33 @@ def test_the_lease_row_excludes_behind_the_same_single_server_connection(
             assert run_exclusive(url, "sweep", 30, lambda: "ran") == (True, "ran")
     finally:
         single.stop()
+
+
+def test_a_holder_rides_out_a_pgbouncer_restart(
+    direct_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pooler itself dies and comes back: the heartbeat reconnects through it."""
+    caplog.set_level(logging.WARNING, logger="pylease")
+    own = Bouncer(direct_dsn)
+    own.start({})
+    try:
+        url = own.via(direct_dsn)
+        lost: list[Any] = []
+        with lease(url, "sweep", ttl=6, on_lost=lost.append) as held:
+            renewals = held._ticket.renewals
+            wait_until(lambda: held._ticket.renewals > renewals, what="a renewal")
+            own.kill()
+            wait_until(
+                lambda: any("renewing" in r.getMessage() for r in caplog.records),
+                what="a failed renewal",
+            )
+            own.relaunch()
+            after = held._ticket.renewals
+            wait_until(lambda: held._ticket.renewals > after, what="a renewal through the new one")
+            held.check()
+            with _connect(direct_dsn) as c:
+                row = c.execute("SELECT holder, fence, held FROM lease_status('sweep')").fetchone()
+            assert row == (held.holder, held.fence, True)
+        assert lost == []
+    finally:
+        own.stop()
