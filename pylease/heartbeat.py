@@ -74,6 +74,10 @@ class Ticket:
         self.expires = max(self.expires, sent_at + self.ttl)
         self.renewals += 1
 
+    def __repr__(self) -> str:
+        state = "lost" if self.lost is not None else "kept"
+        return f"<Ticket {self.name!r} holder={self.holder!r} ttl={self.ttl:g}s {state}>"
+
     def mark_lost(self, reason: str) -> LeaseLost | None:
         """Record the loss; the error the first time, None if it was known already."""
         if self.lost is not None:

@@ -19,6 +19,7 @@ import pytest
 from psycopg import sql
 
 from pylease import dsn as dsn_mod
+from pylease import heartbeat
 from pylease.migrate import migrate
 from tests import pgserver
 
@@ -143,3 +144,11 @@ async def aconn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """An async autocommit connection to the test's database."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture
+def own_keeper(monkeypatch: pytest.MonkeyPatch) -> heartbeat.Keeper:
+    """A keeper of this test's own, so leases other tests left behind cannot show in it."""
+    fresh = heartbeat.Keeper()
+    monkeypatch.setattr(heartbeat, "_keeper", fresh)
+    return fresh

@@ -13,8 +13,15 @@ import psycopg
 import pytest
 
 from pylease import LeaseLost, lease
-from pylease.heartbeat import keeper
-from tests.helpers_lease import DETECT, claim, function_calls, steal, track_functions, wait_until
+from pylease.heartbeat import Keeper, keeper
+from tests.helpers_lease import (
+    DETECT,
+    claim,
+    function_calls,
+    steal,
+    track_functions,
+    wait_until,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -64,14 +71,13 @@ def test_a_failing_on_lost_callback_does_not_stop_the_keeper(
     assert any("on_lost callback" in r.getMessage() for r in caplog.records)
 
 
-def test_the_keeper_thread_ends_with_the_last_lease(conn: Conn) -> None:
+def test_the_keeper_thread_ends_with_the_last_lease(conn: Conn, own_keeper: Keeper) -> None:
     with lease(conn, "sweep", ttl=0.3) as held:
         assert wait_until(lambda: held._ticket.renewals >= 1)
-        assert any(t.name == "pylease-heartbeat" for t in threading.enumerate())
+        thread = own_keeper._thread
+        assert thread is not None and thread.name == "pylease-heartbeat" and thread.is_alive()
     assert keeper().tickets() == []
-    assert wait_until(
-        lambda: not any(t.name == "pylease-heartbeat" for t in threading.enumerate()), DETECT
-    )
+    assert wait_until(lambda: not thread.is_alive(), DETECT)
 
 
 def test_a_renewal_failure_is_logged_and_retried(

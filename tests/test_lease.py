@@ -26,7 +26,7 @@ from pylease import (
     lease,
     run_exclusive,
 )
-from pylease.heartbeat import keeper
+from pylease.heartbeat import Keeper, keeper
 from tests.helpers_lease import (
     DEAD_URL,
     DETECT,
@@ -383,7 +383,7 @@ def test_default_holders_are_unique_per_claim(conn: Conn) -> None:
         assert len(token) == 32 and int(pid) > 0 and host
 
 
-def test_stopping_while_ticks_run_never_reports_a_loss(conn: Conn) -> None:
+def test_stopping_while_ticks_run_never_reports_a_loss(conn: Conn, own_keeper: Keeper) -> None:
     seen: list[LeaseLost] = []
     # Bodies end at every phase of the renewal cycle (ttl/3 = 0.1 s).
     for i in range(20):
