@@ -16,6 +16,7 @@ A rejected input leaves the lease table as it was. Examples are few per test
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import uuid
@@ -456,8 +457,10 @@ def cli_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return f"sqlite:///{path}", read
 
 
-def cli(url: str, *args: str) -> Any:
-    result = runner.invoke(app, [*args, "--dsn", url], env={"PYLEASE_DSN": None})
+def cli(url: str, command: str, name: str | None = None, *options: str) -> Any:
+    """Run one command in-process; the name goes after ``--``, so '-x' is a name too."""
+    args = [command, *options, "--dsn", url, *(("--", name) if name is not None else ())]
+    result = runner.invoke(app, args, env={"PYLEASE_DSN": None})
     out = result.output
     assert "Traceback" not in out, out
     if result.exception is not None:
@@ -482,6 +485,8 @@ def test_cli_claim_and_release_exit_0_1_or_2(
     if claimed.exit_code == 2:
         assert read() == before
         assert len(claimed.output.strip().splitlines()) <= 30  # usage, never a dump
+        if key_ok(name) and key_ok(holder):
+            assert "--ttl" in claimed.output, claimed.output  # only the duration was wrong
         return
     assert claimed.exit_code == 0, claimed.output
     assert claimed.output.strip().split("\t")[0] == holder.strip() or holder in claimed.output
@@ -503,11 +508,14 @@ def test_cli_renew_steal_status_exit_0_1_or_2(
         ("release", name, "--holder", holder, "--min-hold", span),
         ("steal", name, "--ttl", "1s", "--holder", holder, "--older-than", span),
         ("status", name, "--json"),
+        ("status", None, "--json"),
     ):
         result = cli(url, *args)
         assert result.exit_code in (0, 1, 2), (args, result.output)
         if result.exit_code == 2:
             assert read() == before, args
+        elif args[0] == "status":
+            assert isinstance(json.loads(result.stdout), list)
         before = read()
 
 
@@ -526,7 +534,7 @@ def test_cli_status_shows_any_stored_name_and_holder_as_plain_text(
     url, _read = cli_url
     claimed = cli(url, "claim", name, "--ttl", "1h", "--holder", holder)
     assert claimed.exit_code in (0, 1), claimed.output
-    for args in (("status",), ("status", name)):
+    for args in (("status",), ("status", name)):  # every lease, and this one
         shown = cli(url, *args)
         assert shown.exit_code == 0, shown.output
         assert all(ch.isprintable() or ch == "\n" for ch in shown.stdout), repr(shown.stdout)
