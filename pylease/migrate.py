@@ -19,11 +19,13 @@ from psycopg import sql
 
 from pylease import dsn as dsn_mod
 from pylease._resources import data_dir
-from pylease.errors import ConfigurationError, DatabaseUnavailable, PyleaseError
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument, PyleaseError
 
 LOCK_TABLE = "_pylease_yoyo_lock"
 ADVISORY_KEY = "SELECT pg_try_advisory_lock(hashtextextended('pylease migrate ' || %s, 0))"
 DEFAULT_LOCK_WAIT = 60.0
+# PostgreSQL cuts longer identifiers (NAMEDATALEN - 1): it would be another schema.
+MAX_SCHEMA_BYTES = 63
 
 Say = Callable[[str], None]
 
@@ -148,17 +150,28 @@ def _exclusive(backend: Any, schema: str, say: Say, lock_wait: float) -> Iterato
     yield
 
 
+def _check_length(schema: str) -> None:
+    if len(schema.encode("utf-8", "surrogatepass")) > MAX_SCHEMA_BYTES:
+        raise InvalidArgument(
+            f"pylease: schema must be at most {MAX_SCHEMA_BYTES} bytes (PostgreSQL cuts "
+            "longer names, which would name another schema)",
+            parameter="schema",
+        )
+
+
 def migrate(
     dsn: str, schema: str = "public", *, say: Say = print, lock_wait: float = DEFAULT_LOCK_WAIT
 ) -> list[str]:
     """Apply every pending migration to ``schema``; returns the ids applied.
 
+    :raises InvalidArgument: a schema name longer than PostgreSQL keeps (63 bytes).
     :raises DatabaseUnavailable: the server cannot be reached.
     :raises MigrationError: a migration failed, privileges are lacking, or another
         migrator held the lock for longer than ``lock_wait`` seconds.
     """
     if not schema:
         raise ConfigurationError("pylease: schema must not be empty")
+    _check_length(schema)
     migrations = _postgres_migrations()
     with _backend(dsn, schema) as backend, _mapped_errors(schema):
         with _exclusive(backend, schema, say, lock_wait), backend.lock():
@@ -178,6 +191,7 @@ def rollback(
     dsn: str, schema: str = "public", *, say: Say = print, lock_wait: float = DEFAULT_LOCK_WAIT
 ) -> list[str]:
     """Roll back every applied pylease migration (dropping every lease); returns the ids."""
+    _check_length(schema)
     migrations = _postgres_migrations()
     with _backend(dsn, schema) as backend, _mapped_errors(schema):
         if not _schema_exists(backend.connection, schema):

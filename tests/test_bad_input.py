@@ -540,3 +540,36 @@ def test_cli_status_shows_any_stored_name_and_holder_as_plain_text(
         assert all(ch.isprintable() or ch == "\n" for ch in shown.stdout), repr(shown.stdout)
     if claimed.exit_code == 0:
         assert cli(url, "release", name, "--holder", holder).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("schema", "works"),
+    [
+        ('we"ird; DROP TABLE pylease_leases; --', True),
+        ("Upper Case", True),
+        ("s" * 63, True),
+        ("名" * 21, True),  # 63 bytes
+        ("s" * 64, False),
+        ("名" * 22, False),  # 22 characters, 66 bytes
+    ],
+    ids=["metacharacters", "spaces", "63-bytes", "63-bytes-cjk", "64-bytes", "66-bytes-cjk"],
+)
+def test_cli_migrate_takes_any_schema_name_postgres_keeps_whole(
+    empty_dsn: str, schema: str, works: bool
+) -> None:
+    """PostgreSQL cuts identifiers to 63 bytes: a longer name would be another schema."""
+    migrated = cli(empty_dsn, "migrate", None, "--schema", schema)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        schemas = {r[0] for r in c.execute("SELECT nspname FROM pg_namespace").fetchall()}
+        if works:
+            assert migrated.exit_code == 0, migrated.output
+            assert schema in schemas
+            c.execute(
+                psycopg.sql.SQL("SET search_path = {}").format(psycopg.sql.Identifier(schema))
+            )
+            assert c.execute("SELECT lease_claim('x', '1 min', 'h')").fetchone() == (1,)
+        else:
+            assert migrated.exit_code == 2, migrated.output
+            assert "63 bytes" in migrated.output
+            # Nothing was created, not even the cut-down schema.
+            assert not any(s and schema.startswith(s) for s in schemas - {"public"}), schemas
