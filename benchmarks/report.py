@@ -155,10 +155,15 @@ def plot(path: str, sections: list[Section], machine: dict[str, Any]) -> str | N
         colours = ["tab:blue" if k.startswith("pylease") else "tab:gray" for k in labels]
         bars = right.barh(labels, values, xerr=errs, color=colours, capsize=3)
         right.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=4, fontsize=8)
+        groups = peers.data.get("groups", {})
+        local = [i for i, k in enumerate(labels) if groups.get(k) == "local"]
+        if local and local[0] > 0:
+            # Server-arbitrated locks above the line, one-host locks below it.
+            right.axhline(local[0] - 0.5, color="black", linestyle="--", linewidth=0.8)
         right.invert_yaxis()
         right.set_xlim(0, max(d[k]["max"] for k in labels) * 1.2)
         right.set_xlabel("cycles per second, one client")
-        right.set_title("Peers: uncontended acquire + release")
+        right.set_title("Peers, one client, uncontended\n(below the line: one host only)")
         right.grid(True, axis="x", alpha=0.3)
     else:
         right.set_axis_off()
