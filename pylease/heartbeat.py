@@ -27,6 +27,8 @@ logger = logging.getLogger("pylease")
 
 FIRST_BACKOFF = 0.05
 MAX_MARGIN = 10.0
+# How long the keeper thread outlives its last lease, waiting for the next one.
+LINGER = 1.0
 # How long stopping waits for a tick already under way for that lease.
 STOP_WAIT = 5.0
 
@@ -139,6 +141,7 @@ class Keeper:
         self._groups: dict[Any, _Group] = {}
         self._inflight: set[Ticket] = set()
         self._thread: threading.Thread | None = None
+        self._idle_since: float | None = None
 
     def add(self, ticket: Ticket, source: Source) -> None:
         with self._cond:
@@ -210,7 +213,18 @@ class Keeper:
                     due.append((group, list(group.tickets)))
                     self._inflight.update(group.tickets)
             done = not any(g.tickets for g in self._groups.values())
+            if not done:
+                self._idle_since = None
+            elif not overdue and not due:
+                # Linger a moment before ending: a loop of short leases would
+                # otherwise start a thread for every one of them.
+                if self._idle_since is None:
+                    self._idle_since = now
+                if now - self._idle_since < LINGER:
+                    self._cond.wait(LINGER - (now - self._idle_since))
+                    return True
             if done:
+                self._idle_since = None
                 self._thread = None
             elif not overdue and not due:
                 wake = min(

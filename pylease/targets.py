@@ -17,10 +17,12 @@ transaction mode) and are named by ``application_name`` (``pylease-heartbeat``,
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
@@ -79,6 +81,19 @@ def connection_conninfo(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[
     return pg_conninfo.make_conninfo("", **params)
 
 
+_conninfos: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = weakref.WeakKeyDictionary()
+
+
+def _conninfo_of(conn: psycopg.Connection[Any]) -> str:
+    """:func:`connection_conninfo`, remembered per connection: a lease per loop
+    iteration on one connection must not parse its parameters every time."""
+    try:
+        return _conninfos[conn]
+    except KeyError:
+        conninfo = _conninfos[conn] = connection_conninfo(conn)
+        return conninfo
+
+
 def pool_conninfo(pool: Any) -> str:
     """Parameters to open a connection like the ones ``pool`` makes."""
     kwargs = {k: v for k, v in (pool.kwargs or {}).items() if k not in _NOT_CONNINFO}
@@ -119,7 +134,11 @@ class Source(Protocol):
     """Where renewals run: one per database per process, shared by its leases."""
 
     key: Hashable
-    label: str
+
+    @property
+    def label(self) -> str:
+        """How logs name it (never with a password)."""
+        ...
 
     def run(self, op: Callable[[Backend], T], *, name: str | None = None, retry: bool = False) -> T:
         """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
@@ -129,14 +148,25 @@ class Source(Protocol):
 
 
 class ConninfoSource:
-    """One connection of pylease's own, opened on first use and again after it breaks."""
+    """One connection of pylease's own, opened on first use and again after it breaks.
+
+    Built for every lease but kept only by the first of its key (see the registry),
+    so everything derived from the conninfo is computed when first needed.
+    """
 
     def __init__(self, conninfo: str) -> None:
         self.key: Hashable = ("postgres", conninfo)
-        self.label = dsn_mod.redact(conninfo)
-        self._conninfo = own_conninfo(conninfo, HEARTBEAT_APP)
+        self._given = conninfo
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
+
+    @functools.cached_property
+    def label(self) -> str:
+        return dsn_mod.redact(self._given)
+
+    @functools.cached_property
+    def _conninfo(self) -> str:
+        return own_conninfo(self._given, HEARTBEAT_APP)
 
     def run(self, op: Callable[[Backend], T], *, name: str | None = None, retry: bool = False) -> T:
         with self._lock:
@@ -488,7 +518,7 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     check(target, heartbeat_target)
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is None:
-            conninfo = connection_conninfo(target)
+            conninfo = _conninfo_of(target)
             return Link(ConninfoSource(conninfo), conn=target, listen_conninfo=conninfo)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return Link(source, conn=target, listen_conninfo=listen)
