@@ -76,10 +76,12 @@ def ttl(value: object, parameter: str = "ttl") -> timedelta:
 
 
 def span(parameter: str, value: object) -> timedelta:
-    """older_than or min_hold: not negative; a timedelta or seconds."""
+    """older_than, min_hold or a wait: not negative, at most 366 days; a timedelta or seconds."""
     result = _seconds(parameter, value)
     if result < timedelta(0):
         raise InvalidArgument(f"pylease: {parameter} must not be negative", parameter=parameter)
+    if result > MAX_TTL:
+        raise InvalidArgument(f"pylease: {parameter} must be at most 366 days", parameter=parameter)
     return result
 
 

@@ -453,7 +453,7 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
             ("claim", (LONG_NAME, timedelta(days=366), "h" * 200), 1),
             ("renew", (LONG_NAME, "h" * 200, timedelta(days=366)), True),
             ("holds", (LONG_NAME, "h" * 200, 1), True),
-            ("release", (LONG_NAME, "h" * 200, timedelta(days=400)), True),
+            ("release", (LONG_NAME, "h" * 200, timedelta(days=366)), True),
         ],
     ),
     (
@@ -612,6 +612,23 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
             ("renew_many", (None, ["h1"]), Raises("pylease: names must not be NULL")),
             ("holds", ("a", "h1", 2**63), Raises("pylease: fence is out of range")),
             NOTHING_STORED,
+        ],
+    ),
+    (
+        "spans over 366 days are refused like ttls",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            (
+                "release",
+                ("a", "h1", timedelta(days=366, seconds=1)),
+                Raises("pylease: min_hold must be at most 366 days"),
+            ),
+            (
+                "steal",
+                ("a", LONG, "h2", timedelta(days=400)),
+                Raises("pylease: older_than must be at most 366 days"),
+            ),
+            ("status", ("a",), [("a", "h1", 1, True)]),
         ],
     ),
     (

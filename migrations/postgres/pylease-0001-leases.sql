@@ -63,7 +63,8 @@ BEGIN
 END
 $$;
 
--- Raises 22023 unless a span (older_than, min_hold) is finite and not negative.
+-- Raises 22023 unless a span (older_than, min_hold) is finite, not negative and
+-- at most 366 days (beyond that, now +/- the span could leave timestamptz's range).
 CREATE FUNCTION pylease_check_span(parameter text, value interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
 BEGIN
@@ -73,6 +74,8 @@ BEGIN
         RAISE EXCEPTION 'pylease: % must be finite', parameter USING ERRCODE = '22023';
     ELSIF value < interval '0' THEN
         RAISE EXCEPTION 'pylease: % must not be negative', parameter USING ERRCODE = '22023';
+    ELSIF value > interval '366 days' THEN
+        RAISE EXCEPTION 'pylease: % must be at most 366 days', parameter USING ERRCODE = '22023';
     END IF;
 END
 $$;
@@ -80,38 +83,55 @@ $$;
 -- Functions -------------------------------------------------------------------
 
 -- Claim a lease: the fence when granted, NULL when another holder's unexpired
--- lease stands. A busy claim matches nothing, so it locks no row and writes no WAL.
+-- lease stands. A busy lease is answered by one read: no row lock, no WAL.
 CREATE FUNCTION lease_claim(name text, ttl interval, holder text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
-    t_now   timestamptz := clock_timestamp();
-    granted bigint;
+    t_now     timestamptz := clock_timestamp();
+    granted   bigint;
+    s_holder  text;
+    s_expires timestamptz;
+    s_freed   boolean;
 BEGIN
-    PERFORM pylease_check_key('name', lease_claim.name);
-    PERFORM pylease_check_ttl('ttl', lease_claim.ttl);
-    PERFORM pylease_check_key('holder', lease_claim.holder);
+    -- One cheap test in the common case; the checks that raise run only when it fails.
+    IF lease_claim.name IS NULL OR lease_claim.name = '' OR length(lease_claim.name) > 200
+       OR lease_claim.ttl IS NULL OR NOT isfinite(lease_claim.ttl)
+       OR lease_claim.ttl <= interval '0' OR lease_claim.ttl > interval '366 days'
+       OR lease_claim.holder IS NULL OR lease_claim.holder = '' OR length(lease_claim.holder) > 200
+    THEN
+        PERFORM pylease_check_key('name', lease_claim.name);
+        PERFORM pylease_check_ttl('ttl', lease_claim.ttl);
+        PERFORM pylease_check_key('holder', lease_claim.holder);
+    END IF;
 
-    -- Free (released or expired), or still ours: a retried claim whose reply
-    -- was lost keeps its fence instead of looking busy.
-    UPDATE pylease_leases AS l
-       SET fence       = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
-                              THEN l.fence ELSE l.fence + 1 END,
-           acquired_at = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
-                              THEN l.acquired_at ELSE t_now END,
-           holder      = lease_claim.holder,
-           ttl         = lease_claim.ttl,
-           renewed_at  = t_now,
-           expires_at  = t_now + lease_claim.ttl,
-           released    = false
-     WHERE l.name = lease_claim.name
-       AND (l.expires_at <= t_now OR (l.holder = lease_claim.holder AND NOT l.released))
-    RETURNING l.fence INTO granted;
+    SELECT l.holder, l.expires_at, l.released INTO s_holder, s_expires, s_freed
+      FROM pylease_leases AS l
+     WHERE l.name = lease_claim.name;
     IF FOUND THEN
+        IF s_expires > t_now AND (s_holder <> lease_claim.holder OR s_freed) THEN
+            RETURN NULL;
+        END IF;
+        -- Free (released or expired), or still ours: a retried claim whose reply was
+        -- lost keeps its fence instead of looking busy. The WHERE decides the race
+        -- with other claimers; NULL when one of them got there since the read.
+        UPDATE pylease_leases AS l
+           SET fence       = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
+                                  THEN l.fence ELSE l.fence + 1 END,
+               acquired_at = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
+                                  THEN l.acquired_at ELSE t_now END,
+               holder      = lease_claim.holder,
+               ttl         = lease_claim.ttl,
+               renewed_at  = t_now,
+               expires_at  = t_now + lease_claim.ttl,
+               released    = false
+         WHERE l.name = lease_claim.name
+           AND (l.expires_at <= t_now OR (l.holder = lease_claim.holder AND NOT l.released))
+        RETURNING l.fence INTO granted;
         RETURN granted;
     END IF;
 
-    -- A first claim of the name; a conflict means the row exists and is busy.
+    -- A first claim of the name; a conflict means another claimer created it first.
     INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
     VALUES (lease_claim.name, lease_claim.holder, 1, lease_claim.ttl, t_now, t_now, t_now + lease_claim.ttl)
     ON CONFLICT (name) DO NOTHING
@@ -127,10 +147,16 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t_now timestamptz := clock_timestamp();
 BEGIN
-    PERFORM pylease_check_key('name', lease_renew.name);
-    PERFORM pylease_check_key('holder', lease_renew.holder);
-    IF lease_renew.ttl IS NOT NULL THEN
-        PERFORM pylease_check_ttl('ttl', lease_renew.ttl);
+    IF lease_renew.name IS NULL OR lease_renew.name = '' OR length(lease_renew.name) > 200
+       OR lease_renew.holder IS NULL OR lease_renew.holder = '' OR length(lease_renew.holder) > 200
+       OR NOT isfinite(lease_renew.ttl)
+       OR lease_renew.ttl <= interval '0' OR lease_renew.ttl > interval '366 days'
+    THEN
+        PERFORM pylease_check_key('name', lease_renew.name);
+        PERFORM pylease_check_key('holder', lease_renew.holder);
+        IF lease_renew.ttl IS NOT NULL THEN
+            PERFORM pylease_check_ttl('ttl', lease_renew.ttl);
+        END IF;
     END IF;
 
     UPDATE pylease_leases AS l
@@ -207,10 +233,17 @@ DECLARE
     t_now    timestamptz := clock_timestamp();
     freed_at timestamptz;
 BEGIN
-    PERFORM pylease_check_key('name', lease_release.name);
-    PERFORM pylease_check_key('holder', lease_release.holder);
-    IF lease_release.min_hold IS NOT NULL THEN
-        PERFORM pylease_check_span('min_hold', lease_release.min_hold);
+    IF lease_release.name IS NULL OR lease_release.name = '' OR length(lease_release.name) > 200
+       OR lease_release.holder IS NULL OR lease_release.holder = ''
+       OR length(lease_release.holder) > 200
+       OR NOT isfinite(lease_release.min_hold) OR lease_release.min_hold < interval '0'
+       OR lease_release.min_hold > interval '366 days'
+    THEN
+        PERFORM pylease_check_key('name', lease_release.name);
+        PERFORM pylease_check_key('holder', lease_release.holder);
+        IF lease_release.min_hold IS NOT NULL THEN
+            PERFORM pylease_check_span('min_hold', lease_release.min_hold);
+        END IF;
     END IF;
 
     -- Give up the flush only while this transaction has written nothing (as in
@@ -283,9 +316,12 @@ CREATE FUNCTION lease_holds(name text, holder text, fence bigint) RETURNS boolea
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM pylease_check_key('name', lease_holds.name);
-    PERFORM pylease_check_key('holder', lease_holds.holder);
-    IF lease_holds.fence IS NULL THEN
+    IF lease_holds.name IS NULL OR lease_holds.name = '' OR length(lease_holds.name) > 200
+       OR lease_holds.holder IS NULL OR lease_holds.holder = '' OR length(lease_holds.holder) > 200
+       OR lease_holds.fence IS NULL
+    THEN
+        PERFORM pylease_check_key('name', lease_holds.name);
+        PERFORM pylease_check_key('holder', lease_holds.holder);
         RAISE EXCEPTION 'pylease: fence must not be NULL' USING ERRCODE = '22023';
     END IF;
 
