@@ -7,7 +7,7 @@
 -- PRAGMA synchronous = NORMAL. Parameters (named):
 --   :name              TEXT, 1 to 200 characters
 --   :holder            TEXT, 1 to 200 characters
---   :min_hold_seconds  REAL or NULL; when given, at least 0 (check it yourself)
+--   :min_hold_seconds  REAL or NULL; when given, from 0 to 31622400 (366 days; check it yourself)
 -- Result: one row (expires_at REAL unix seconds: when the name is free) when
 -- given back; no row when this holder did not hold it. SQLite has no NOTIFY:
 -- waiters poll.

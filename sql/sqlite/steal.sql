@@ -6,11 +6,11 @@
 --   :name                TEXT, 1 to 200 characters
 --   :ttl_seconds         REAL, more than 0 and at most 31622400 (366 days)
 --   :holder              TEXT, 1 to 200 characters
---   :older_than_seconds  REAL, at least 0 (0: steal unconditionally)
+--   :older_than_seconds  REAL, from 0 to 31622400 (0: steal unconditionally)
 -- Result: one row (fence INTEGER, always a new one) when taken; no row when the
 -- holder renewed more recently than :older_than_seconds ago.
 -- Bad arguments fail with "pylease: <parameter> must ..." (constraint error);
--- check :older_than_seconds >= 0 yourself.
+-- check 0 <= :older_than_seconds <= 31622400 (366 days) yourself.
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
 INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
 SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds
