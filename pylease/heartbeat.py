@@ -142,6 +142,8 @@ class Keeper:
         self._inflight: set[Ticket] = set()
         self._thread: threading.Thread | None = None
         self._idle_since: float | None = None
+        # When the keeper thread's current sleep ends (0: it is not sleeping).
+        self._sleeping_until = 0.0
 
     def add(self, ticket: Ticket, source: Source) -> None:
         with self._cond:
@@ -158,7 +160,10 @@ class Keeper:
                     target=self._run, name="pylease-heartbeat", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify_all()
+            elif self._sleeping_until and group.next_at < self._sleeping_until:
+                # Wake the keeper only when it would sleep past this lease's first tick:
+                # a wake-up per lease costs a GIL handoff in a loop of short leases.
+                self._cond.notify_all()
 
     def remove(self, ticket: Ticket, source: Source) -> None:
         """Stop renewing ``ticket``; a tick under way for it finishes first (bounded)."""
@@ -176,7 +181,6 @@ class Keeper:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            self._cond.notify_all()
 
     def tickets(self) -> list[Ticket]:
         with self._cond:
@@ -191,6 +195,14 @@ class Keeper:
                 # A bug here must not silently stop every renewal of the process.
                 logger.exception("keeper tick failed")
                 time.sleep(FIRST_BACKOFF)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait on the condition (its lock held), saying until when, for :meth:`add`."""
+        self._sleeping_until = time.monotonic() + seconds
+        try:
+            self._cond.wait(seconds)
+        finally:
+            self._sleeping_until = 0.0
 
     def _step(self) -> bool:
         """One round: lose the overdue, start the due ticks, or sleep; False when done."""
@@ -221,7 +233,7 @@ class Keeper:
                 if self._idle_since is None:
                     self._idle_since = now
                 if now - self._idle_since < LINGER:
-                    self._cond.wait(LINGER - (now - self._idle_since))
+                    self._sleep(LINGER - (now - self._idle_since))
                     return True
             if done:
                 self._idle_since = None
@@ -231,7 +243,7 @@ class Keeper:
                     min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
                     min(t.deadline for g in self._groups.values() for t in g.tickets),
                 )
-                self._cond.wait(max(wake - now, 0.001))
+                self._sleep(max(wake - now, 0.001))
                 return True
         for group, ticket in overdue:
             why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
