@@ -11,6 +11,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@# A venv made before the rename holds the same package as distribution "pylease".
+	$(BIN)/pip uninstall --quiet --yes pylease 2>/dev/null || true
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
