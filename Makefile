@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest venv bench demo clean
+.PHONY: test deps lint typecheck pytest venv bench demo clean
 
 venv: $(STAMP)
 
@@ -23,10 +23,19 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy --strict pylease
 
+# pytest exits 5 when it collected no test: a run that tested nothing is a failure here,
+# never a silent pass (a broken conftest or testpaths must not look green).
 pytest: venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	@rc=0; $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests (exit 5)" >&2; exit 1; fi; \
+	exit $$rc
 
-test: lint typecheck pytest
+# What the suite needs beyond the venv (PgBouncer, Node.js, faketime, a running
+# PostgreSQL): installed when root, else one line saying the command to run.
+deps:
+	@scripts/test-deps.sh
+
+test: deps lint typecheck pytest
 
 # `make demo`: two runs of one lease at once on the embedded SQLite default (no
 # configuration): one runs its command, the other finds the lease busy and skips.
