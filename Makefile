@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test deps lint typecheck pytest venv bench demo clean
+.PHONY: test deps lint typecheck docs pytest venv bench demo clean
 
 venv: $(STAMP)
 
@@ -35,7 +35,13 @@ pytest: venv
 deps:
 	@scripts/test-deps.sh
 
-test: deps lint typecheck pytest
+# The documentation site, built as strictly as CI would (a broken link fails); its
+# examples are run by tests/test_docs.py. mkdocs -q would also hide the warning count.
+docs: venv
+	@out=$$(NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site 2>&1) \
+	|| { echo "$$out" >&2; exit 1; }
+
+test: deps lint typecheck docs pytest
 
 # `make demo`: two runs of one lease at once on the embedded SQLite default (no
 # configuration): one runs its command, the other finds the lease busy and skips.
