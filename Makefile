@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: venv
-	$(BIN)/ruff check pylease tests
-	$(BIN)/ruff format --check pylease tests
+	$(BIN)/ruff check pylease tests scripts
+	$(BIN)/ruff format --check pylease tests scripts
 
 typecheck: venv
 	$(BIN)/mypy --strict pylease
@@ -59,7 +59,8 @@ demo: venv
 
 # `make bench`: pylease against its floors and its peers, side by side (benchmarks/,
 # issue 6). Drops, creates and migrates the throwaway database pylease_bench, then
-# writes benchmarks/results/latest.{json,md} and throughput.png; under 5 minutes.
+# writes benchmarks/results/latest.{json,md} and throughput.png, and docs/performance.md
+# from them (scripts/performance_page.py); under 5 minutes.
 BENCH_DSN   ?= postgresql://postgres@127.0.0.1:5432/pylease_bench
 BENCH_STAMP := $(VENV)/.installed-bench
 
@@ -69,6 +70,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks --fresh --dsn '$(BENCH_DSN)' $(BENCH_ARGS)
+	$(BIN)/python scripts/performance_page.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist build
