@@ -54,7 +54,7 @@ demo: venv
 	$(DEMO_RUN) A & a=$$!; $(DEMO_RUN) B & b=$$!; \
 	wait $$a; ra=$$?; wait $$b; rb=$$?; \
 	echo "== exit codes: A=$$ra B=$$rb (0: ran; 1: busy, skipped)"; \
-	echo "== pylease status"; $(BIN)/pylease status; \
+	echo "== pylease status demo-report"; $(BIN)/pylease status demo-report; \
 	test $$((ra + rb)) -eq 1
 
 # `make bench`: pylease against its floors and its peers, side by side (benchmarks/,

@@ -40,15 +40,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PAGES = [
-    pytest.param(
-        ROOT / "README.md",
-        marks=pytest.mark.xfail(
-            strict=True, reason="the README is rewritten for the runner next (adopt)"
-        ),
-    ),
-    *sorted((ROOT / "docs").rglob("*.md")),
-]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 RUN = {"python", "console", "sql", "psql", "bash", "sh"}
 PARSED = {"yaml", "yml", "json", "toml", "ini"}
@@ -467,9 +459,7 @@ def _drop_roles(admin: str, roles: list[str]) -> None:
             )
 
 
-@pytest.mark.parametrize(
-    "path", PAGES, ids=lambda p: str(p.relative_to(ROOT)) if isinstance(p, Path) else ""
-)
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_example_runs(
     path: Path,
     pg_admin_dsn: str,
