@@ -11,6 +11,8 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
+from pylease.errors import FenceExhausted, InvalidArgument
+from pylease.postgres import wrap_errors
 from tests.test_sql_contract import claim, one, release, renew, row, steal, table
 
 Conn = psycopg.Connection[Any]
@@ -180,3 +182,31 @@ def test_a_fence_below_the_floor_jumps_to_it_and_one_above_goes_on(conn: Conn) -
         (1 << 41,),
     )
     assert claim(conn, "a", HOUR, "you") == (1 << 41) + 1
+
+
+# -- what Python makes of it ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "parameter"),
+    [
+        ("SELECT lease_claim('', interval '1 hour', 'me')", "name"),
+        ("SELECT lease_release('a', 'me', interval '-1 second')", "min_hold"),
+        ("SELECT * FROM lease_renew_each('{a}', '{me}', '{0}')", "ttls"),
+        ("SELECT * FROM lease_renew_many('{a}', NULL)", "holders"),
+    ],
+)
+def test_python_reads_the_parameter_from_the_errors_column_field(
+    conn: Conn, call: str, parameter: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught, wrap_errors("a"):
+        conn.execute(call)  # type: ignore[call-overload]
+    assert caught.value.parameter == parameter
+    assert isinstance(caught.value.__cause__, pg_errors.InvalidParameterValue)
+    assert caught.value.__cause__.diag.column_name == parameter
+
+
+def test_python_raises_fence_exhausted(exhausted: Conn) -> None:
+    with pytest.raises(FenceExhausted, match="'worn'") as caught, wrap_errors("worn"):
+        exhausted.execute("SELECT lease_claim('worn', interval '1 hour', 'new')")
+    assert caught.value.name == "worn"
