@@ -19,7 +19,13 @@ from psycopg.rows import tuple_row
 
 from pylease import _validate
 from pylease._backend import LeaseRow
-from pylease.errors import DatabaseUnavailable, InvalidArgument, PyleaseError, SchemaMissing
+from pylease.errors import (
+    DatabaseUnavailable,
+    InvalidArgument,
+    PyleaseError,
+    ReadOnlyServer,
+    SchemaMissing,
+)
 
 CLAIM: LiteralString = "SELECT lease_claim(%s, %s, %s)"
 RENEW: LiteralString = "SELECT lease_renew(%s, %s, %s)"
@@ -46,6 +52,12 @@ def wrap_errors(name: str | None = None) -> Iterator[None]:
     except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable) as exc:
         raise SchemaMissing(
             f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name
+        ) from exc
+    except pg_errors.ReadOnlySqlTransaction as exc:
+        # A standby (the SQL refuses there with this SQLSTATE too): during a failover this
+        # is transient, so it is a DatabaseUnavailable that the keeper retries.
+        raise ReadOnlyServer(
+            f"pylease: {ReadOnlyServer.__doc__} ({exc.diag.message_primary})", name=name
         ) from exc
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
