@@ -67,6 +67,37 @@ def wrap_errors(name: str | None = None) -> Iterator[None]:
         raise PyleaseError(f"pylease: {type(exc).__name__}: {_one_line(exc)}", name=name) from exc
 
 
+class _Warnings:
+    """The WARNINGs a server sent while one statement ran (read in the handler: a
+    notice's Diagnostic is freed once the handler returns)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, diag: pg_errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized == "WARNING":
+            self.seen.append(diag.message_primary or "")
+
+
+def unconfirmed(seen: _Warnings, name: str | None) -> DatabaseUnavailable | None:
+    """The error for a write answered with a WARNING, else None.
+
+    A commit whose wait for a synchronous standby is cancelled (pg_cancel_backend, a
+    driver's or a pooler's cancel) is reported as a success with a WARNING (01000,
+    "canceling wait for synchronous replication"): the write is on the primary alone
+    and a failover may lose it, so a grant or renewal answered so does not count. The
+    lease functions raise no WARNING of their own.
+    """
+    if not seen.seen:
+        return None
+    return DatabaseUnavailable(
+        f"pylease: the server committed with a WARNING ({seen.seen[0]}): a commit whose "
+        "wait for a synchronous standby was cancelled may be lost in a failover, so it "
+        "does not count",
+        name=name,
+    )
+
+
 class _args:
     """Each operation's parameters, checked before any SQL runs, as the SQLite backend does."""
 
@@ -132,19 +163,41 @@ class PostgresBackend:
         assert row is not None
         return row[0]
 
+    def _write(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
+        """:meth:`_one` for a grant or renewal, which must not count unless durable."""
+        seen = _Warnings()
+        self.conn.add_notice_handler(seen)
+        try:
+            result = self._one(query, params, name)
+        finally:
+            self.conn.remove_notice_handler(seen)
+        error = unconfirmed(seen, name)
+        if error is not None:
+            raise error
+        return result
+
     def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        result: int | None = self._one(CLAIM, _args.claim(name, ttl, holder), name)
+        result: int | None = self._write(CLAIM, _args.claim(name, ttl, holder), name)
         return result
 
     def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        return bool(self._one(RENEW, _args.renew(name, holder, ttl), name))
+        return bool(self._write(RENEW, _args.renew(name, holder, ttl), name))
 
     def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
-            return [(n, bool(r)) for n, r in cur.fetchall()]
+        seen = _Warnings()
+        self.conn.add_notice_handler(seen)
+        try:
+            with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
+                rows = [(n, bool(r)) for n, r in cur.fetchall()]
+        finally:
+            self.conn.remove_notice_handler(seen)
+        error = unconfirmed(seen, None)
+        if error is not None:
+            raise error
+        return rows
 
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return bool(self._one(RELEASE, _args.release(name, holder, min_hold), name))
@@ -152,7 +205,7 @@ class PostgresBackend:
     def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
     ) -> int | None:
-        result: int | None = self._one(STEAL, _args.steal(name, ttl, holder, older_than), name)
+        result: int | None = self._write(STEAL, _args.steal(name, ttl, holder, older_than), name)
         return result
 
     def holds(self, name: str, holder: str, fence: int) -> bool:
@@ -178,20 +231,42 @@ class AsyncPostgresBackend:
         assert row is not None
         return row[0]
 
+    async def _write(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
+        """:meth:`_one` for a grant or renewal, which must not count unless durable."""
+        seen = _Warnings()
+        self.conn.add_notice_handler(seen)
+        try:
+            result = await self._one(query, params, name)
+        finally:
+            self.conn.remove_notice_handler(seen)
+        error = unconfirmed(seen, name)
+        if error is not None:
+            raise error
+        return result
+
     async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        result: int | None = await self._one(CLAIM, _args.claim(name, ttl, holder), name)
+        result: int | None = await self._write(CLAIM, _args.claim(name, ttl, holder), name)
         return result
 
     async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        return bool(await self._one(RENEW, _args.renew(name, holder, ttl), name))
+        return bool(await self._write(RENEW, _args.renew(name, holder, ttl), name))
 
     async def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        with wrap_errors():
-            async with self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
-                return [(n, bool(r)) for n, r in await cur.fetchall()]
+        seen = _Warnings()
+        self.conn.add_notice_handler(seen)
+        try:
+            with wrap_errors():
+                async with self.conn.cursor(row_factory=tuple_row) as cur:
+                    await cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
+                    rows = [(n, bool(r)) for n, r in await cur.fetchall()]
+        finally:
+            self.conn.remove_notice_handler(seen)
+        error = unconfirmed(seen, None)
+        if error is not None:
+            raise error
+        return rows
 
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return bool(await self._one(RELEASE, _args.release(name, holder, min_hold), name))
@@ -199,7 +274,7 @@ class AsyncPostgresBackend:
     async def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
     ) -> int | None:
-        result: int | None = await self._one(
+        result: int | None = await self._write(
             STEAL, _args.steal(name, ttl, holder, older_than), name
         )
         return result
