@@ -296,7 +296,11 @@ def test_async_no_fence_is_issued_twice_after_a_failover(async_pair: Pair) -> No
 def test_async_failover_tells_the_old_holder_it_lost(async_pair: Pair) -> None:
     async_pair.cut()  # the grant below never reaches the standby
     lost: list[LeaseLost] = []
-    with lease(async_pair.dsn, "keeper", KEEPER_TTL, on_lost=lost.append) as held:
+    # Leaving a block whose lease was lost raises: the work ran unprotected.
+    with (
+        pytest.raises(LeaseLost),
+        lease(async_pair.dsn, "keeper", KEEPER_TTL, on_lost=lost.append) as held,
+    ):
         assert "keeper" in rows_by_name(async_pair.primary.url)
         async_pair.failover()
         # The new primary has no row for it: its first renewal there says so.
