@@ -219,6 +219,11 @@ def test_a_cancelled_sync_wait_reports_success_with_a_warning_and_the_grant_is_l
 
     sync_pair.failover()
     assert "hole" not in rows_by_name(sync_pair.standby.url)  # acknowledged, and lost
+    conn, pg = backend(sync_pair.standby.url)
+    with conn:
+        again = pg.claim("hole", HOUR, "second")
+    assert again is not None  # granted to a second holder while the first believes it holds
+    say(f"cancelled wait: fence {fence} acknowledged, lost; the next holder got fence {again}")
 
 
 @pytest.mark.parametrize("op", ["renew", "renew_many", "claim", "steal"])
