@@ -25,6 +25,19 @@ class LeaseRow:
     held: bool
 
 
+@dataclass(frozen=True)
+class Renewal:
+    """One row of ``lease_renew_each``: the expiry the server granted, and its clock then.
+
+    ``expires_at`` and ``server_time`` are None when the lease was not renewed.
+    """
+
+    name: str
+    renewed: bool
+    expires_at: datetime | None
+    server_time: datetime | None
+
+
 class Backend(Protocol):
     """Synchronous lease operations; arguments are validated by the caller's layer too."""
 
@@ -35,6 +48,13 @@ class Backend(Protocol):
     def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]: ...
+
+    def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]: ...
 
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool: ...
 
@@ -57,6 +77,13 @@ class AsyncBackend(Protocol):
     async def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]: ...
+
+    async def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]: ...
 
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool: ...
 

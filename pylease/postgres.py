@@ -17,10 +17,11 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
-from pylease import _validate
-from pylease._backend import LeaseRow
+from pylease import _arguments, _validate
+from pylease._backend import LeaseRow, Renewal
 from pylease.errors import (
     DatabaseUnavailable,
+    FenceExhausted,
     InvalidArgument,
     PyleaseError,
     ReadOnlyServer,
@@ -30,6 +31,10 @@ from pylease.errors import (
 CLAIM: LiteralString = "SELECT lease_claim(%s, %s, %s)"
 RENEW: LiteralString = "SELECT lease_renew(%s, %s, %s)"
 RENEW_MANY: LiteralString = "SELECT name, renewed FROM lease_renew_many(%s, %s, %s)"
+RENEW_EACH: LiteralString = (
+    "SELECT name, renewed, expires_at, server_time"
+    " FROM lease_renew_each(%s::text[], %s::text[], %s::interval[])"
+)
 RELEASE: LiteralString = "SELECT lease_release(%s, %s, %s)"
 STEAL: LiteralString = "SELECT lease_steal(%s, %s, %s, %s)"
 HOLDS: LiteralString = "SELECT lease_holds(%s, %s, %s)"
@@ -47,8 +52,11 @@ def wrap_errors(name: str | None = None) -> Iterator[None]:
         yield
     except pg_errors.InvalidParameterValue as exc:
         message = exc.diag.message_primary or str(exc)
-        parameter = message.removeprefix("pylease: ").split(" ", 1)[0]
+        # Schema 0002 names the parameter in the error's COLUMN field; before it, the message.
+        parameter = exc.diag.column_name or message.removeprefix("pylease: ").split(" ", 1)[0]
         raise InvalidArgument(message, parameter=parameter, name=name) from exc
+    except pg_errors.ProgramLimitExceeded as exc:
+        raise FenceExhausted(exc.diag.message_primary or _one_line(exc), name=name) from exc
     except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable) as exc:
         raise SchemaMissing(
             f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name
@@ -79,23 +87,31 @@ class _Warnings:
             self.seen.append(diag.message_primary or "")
 
 
-def unconfirmed(seen: _Warnings, name: str | None) -> DatabaseUnavailable | None:
-    """The error for a write answered with a WARNING, else None.
+@contextmanager
+def confirmed(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], name: str | None
+) -> Iterator[None]:
+    """Raise DatabaseUnavailable for a grant or renewal the server answered with a WARNING.
 
     A commit whose wait for a synchronous standby is cancelled (pg_cancel_backend, a
     driver's or a pooler's cancel) is reported as a success with a WARNING (01000,
     "canceling wait for synchronous replication"): the write is on the primary alone
-    and a failover may lose it, so a grant or renewal answered so does not count. The
-    lease functions raise no WARNING of their own.
+    and a failover may lose it, so it must not count. The lease functions raise no
+    WARNING of their own.
     """
-    if not seen.seen:
-        return None
-    return DatabaseUnavailable(
-        f"pylease: the server committed with a WARNING ({seen.seen[0]}): a commit whose "
-        "wait for a synchronous standby was cancelled may be lost in a failover, so it "
-        "does not count",
-        name=name,
-    )
+    seen = _Warnings()
+    conn.add_notice_handler(seen)
+    try:
+        yield
+    finally:
+        conn.remove_notice_handler(seen)
+    if seen.seen:
+        raise DatabaseUnavailable(
+            f"pylease: the server committed with a WARNING ({seen.seen[0]}): a commit whose "
+            "wait for a synchronous standby was cancelled may be lost in a failover, so it "
+            "does not count",
+            name=name,
+        )
 
 
 class _args:
@@ -114,6 +130,11 @@ class _args:
     def renew_many(names: object, holders: object, ttl: object) -> tuple[Any, ...]:
         span = None if ttl is None else _validate.ttl(ttl)
         return (*_validate.key_lists(names, holders), span)
+
+    @staticmethod
+    def renew_each(names: object, holders: object, ttls: object) -> tuple[Any, ...]:
+        name_list, holder_list = _validate.key_lists(names, holders)
+        return (name_list, holder_list, _arguments.ttl_list(ttls, len(name_list)))
 
     @staticmethod
     def release(name: object, holder: object, min_hold: object) -> tuple[Any, ...]:
@@ -165,16 +186,8 @@ class PostgresBackend:
 
     def _write(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
         """:meth:`_one` for a grant or renewal, which must not count unless durable."""
-        seen = _Warnings()
-        self.conn.add_notice_handler(seen)
-        try:
-            result = self._one(query, params, name)
-        finally:
-            self.conn.remove_notice_handler(seen)
-        error = unconfirmed(seen, name)
-        if error is not None:
-            raise error
-        return result
+        with confirmed(self.conn, name):
+            return self._one(query, params, name)
 
     def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
         result: int | None = self._write(CLAIM, _args.claim(name, ttl, holder), name)
@@ -186,18 +199,31 @@ class PostgresBackend:
     def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        seen = _Warnings()
-        self.conn.add_notice_handler(seen)
-        try:
-            with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
-                rows = [(n, bool(r)) for n, r in cur.fetchall()]
-        finally:
-            self.conn.remove_notice_handler(seen)
-        error = unconfirmed(seen, None)
-        if error is not None:
-            raise error
-        return rows
+        with (
+            confirmed(self.conn, None),
+            wrap_errors(),
+            self.conn.cursor(row_factory=tuple_row) as cur,
+        ):
+            cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
+            return [(n, bool(r)) for n, r in cur.fetchall()]
+
+    def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement.
+
+        :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
+        """
+        with (
+            confirmed(self.conn, None),
+            wrap_errors(),
+            self.conn.cursor(row_factory=tuple_row) as cur,
+        ):
+            cur.execute(RENEW_EACH, _args.renew_each(names, holders, ttls))
+            return [Renewal(n, bool(r), e, t) for n, r, e, t in cur.fetchall()]
 
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return bool(self._one(RELEASE, _args.release(name, holder, min_hold), name))
@@ -233,16 +259,8 @@ class AsyncPostgresBackend:
 
     async def _write(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
         """:meth:`_one` for a grant or renewal, which must not count unless durable."""
-        seen = _Warnings()
-        self.conn.add_notice_handler(seen)
-        try:
-            result = await self._one(query, params, name)
-        finally:
-            self.conn.remove_notice_handler(seen)
-        error = unconfirmed(seen, name)
-        if error is not None:
-            raise error
-        return result
+        with confirmed(self.conn, name):
+            return await self._one(query, params, name)
 
     async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
         result: int | None = await self._write(CLAIM, _args.claim(name, ttl, holder), name)
@@ -254,19 +272,25 @@ class AsyncPostgresBackend:
     async def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        seen = _Warnings()
-        self.conn.add_notice_handler(seen)
-        try:
-            with wrap_errors():
-                async with self.conn.cursor(row_factory=tuple_row) as cur:
-                    await cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
-                    rows = [(n, bool(r)) for n, r in await cur.fetchall()]
-        finally:
-            self.conn.remove_notice_handler(seen)
-        error = unconfirmed(seen, None)
-        if error is not None:
-            raise error
-        return rows
+        with confirmed(self.conn, None), wrap_errors():
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
+                return [(n, bool(r)) for n, r in await cur.fetchall()]
+
+    async def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement.
+
+        :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
+        """
+        with confirmed(self.conn, None), wrap_errors():
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(RENEW_EACH, _args.renew_each(names, holders, ttls))
+                return [Renewal(n, bool(r), e, t) for n, r, e, t in await cur.fetchall()]
 
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return bool(await self._one(RELEASE, _args.release(name, holder, min_hold), name))

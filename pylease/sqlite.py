@@ -39,12 +39,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pylease import _validate
-from pylease._backend import AsyncBackend, Backend, LeaseRow
+from pylease import _arguments, _validate
+from pylease._backend import AsyncBackend, Backend, LeaseRow, Renewal
 from pylease._resources import data_dir
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    FenceExhausted,
     InvalidArgument,
     PyleaseError,
     SchemaMissing,
@@ -99,7 +100,16 @@ NETWORK_FILESYSTEMS = frozenset(
     }
 )
 
-OPERATIONS = ("claim", "renew", "renew_many", "release", "steal", "holds", "status")
+OPERATIONS = (
+    "claim",
+    "renew",
+    "renew_many",
+    "renew_each",
+    "release",
+    "steal",
+    "holds",
+    "status",
+)
 
 _MIGRATION_TABLE = "_yoyo_migration"
 # yoyo's own bookkeeping tables (its internal schema version 2), so that
@@ -277,6 +287,12 @@ def _translate(exc: sqlite3.Error, name: str | None, where: str) -> PyleaseError
     message = " ".join(str(exc).split())
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
+    if isinstance(exc, sqlite3.IntegrityError) and message.startswith("pylease: fences exhausted"):
+        # The trigger's message is a literal: the name comes from the call.
+        return FenceExhausted(
+            f"pylease: lease {name!r} has used every fence (2^63-1): it cannot be granted again",
+            name=name,
+        )
     if isinstance(exc, sqlite3.IntegrityError) and message.startswith("pylease: "):
         parameter = message.removeprefix("pylease: ").split(" ", 1)[0]
         return InvalidArgument(message, parameter=parameter, name=name)
@@ -624,6 +640,35 @@ class SqliteBackend:
         renewed = {(row[0], row[1]) for row in self._write("renew_many", params, None)}
         return [(n, (n, h) in renewed) for n, h in zip(name_list, holder_list, strict=True)]
 
+    def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement.
+
+        :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
+        """
+        name_list, holder_list = _validate.key_lists(names, holders)
+        ttl_list = _arguments.ttl_list(ttls, len(name_list))
+        if not name_list:
+            return []
+        params = {
+            "names": json.dumps(name_list),
+            "holders": json.dumps(holder_list),
+            "ttls": json.dumps([None if t is None else _seconds(t) for t in ttl_list]),
+        }
+        renewed = {(r[0], r[1]): r for r in self._write("renew_each", params, None)}
+        result = []
+        for n, h in zip(name_list, holder_list, strict=True):
+            row = renewed.get((n, h))
+            if row is None:
+                result.append(Renewal(n, False, None, None))
+            else:
+                result.append(Renewal(n, True, _when(row[2]), _when(row[3])))
+        return result
+
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         _validate.key("name", name)
         _validate.key("holder", holder)
@@ -688,6 +733,15 @@ class AsyncSqliteBackend:
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
         return await asyncio.to_thread(self.sync.renew_many, names, holders, ttl)
+
+    async def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement."""
+        return await asyncio.to_thread(self.sync.renew_each, names, holders, ttls)
 
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return await asyncio.to_thread(self.sync.release, name, holder, min_hold)

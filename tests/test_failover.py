@@ -25,12 +25,6 @@ from pylease.cli import app
 from pylease.postgres import PostgresBackend
 from tests.replication import BOUND, Pair, Template, wait_until
 
-needs_0002 = pytest.mark.xfail(
-    strict=True,
-    reason="needs timeline-floored fences and the standby refusal in SQL (migration 0002), "
-    "from sql",
-)
-
 HOUR = timedelta(hours=1)
 # Longer than a failover takes here (well under a second, seconds on a loaded machine),
 # so a keeper that reconnects in time keeps its lease.
@@ -226,7 +220,7 @@ def test_a_cancelled_sync_wait_reports_success_with_a_warning_and_the_grant_is_l
     say(f"cancelled wait: fence {fence} acknowledged, lost; the next holder got fence {again}")
 
 
-@pytest.mark.parametrize("op", ["renew", "renew_many", "claim", "steal"])
+@pytest.mark.parametrize("op", ["renew", "renew_many", "renew_each", "claim", "steal"])
 def test_a_cancelled_sync_wait_is_a_failed_write_in_pylease(sync_pair: Pair, op: str) -> None:
     conn, pg = backend(sync_pair.primary.url)
     with conn:
@@ -234,6 +228,7 @@ def test_a_cancelled_sync_wait_is_a_failed_write_in_pylease(sync_pair: Pair, op:
     calls = {
         "renew": lambda b: b.renew("job", "first", HOUR),
         "renew_many": lambda b: b.renew_many(["job"], ["first"], HOUR),
+        "renew_each": lambda b: b.renew_each(["job"], ["first"], [HOUR]),
         "claim": lambda b: b.claim("job", HOUR, "first"),
         "steal": lambda b: b.steal("job", HOUR, "second"),
     }
@@ -276,7 +271,6 @@ def _grants_in_the_lag(pair: Pair, names: list[str]) -> tuple[list[int], dict[st
     return issued, last
 
 
-@needs_0002
 def test_async_no_fence_is_issued_twice_after_a_failover(async_pair: Pair) -> None:
     names = [f"name-{i:02d}" for i in range(40)]
     issued, last = _grants_in_the_lag(async_pair, names)
@@ -344,7 +338,6 @@ def test_a_standby_refuses_writes_with_a_clear_error(sync_pair: Pair) -> None:
         assert rows_by_name(sync_pair.standby.url)["held"] == ("owner", 1)
 
 
-@needs_0002
 def test_a_standby_refuses_a_busy_claim_too(sync_pair: Pair) -> None:
     # A busy claim writes nothing, so only the SQL's own check can refuse it there.
     _primary_grant(sync_pair)

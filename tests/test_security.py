@@ -108,6 +108,8 @@ def test_an_execute_only_login_uses_every_api_but_cannot_steal_or_write(
             ).fetchone() == (True,)
             backend = PostgresBackend(mine)
             assert [r.holder for r in backend.status("sweep")] == [held.holder]
+            [renewal] = backend.renew_each(["sweep"], [held.holder], [None])
+            assert renewal.renewed and renewal.expires_at is not None
             with pytest.raises(PyleaseError, match="permission denied") as denied:
                 backend.steal("sweep", HOUR, "thief")
             assert isinstance(denied.value.__cause__, pg_errors.InsufficientPrivilege)

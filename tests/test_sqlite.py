@@ -67,6 +67,9 @@ def backend(db: Path) -> Iterator[SqliteBackend]:
         conn.close()
 
 
+SQLITE_MIGRATIONS = ["pylease-0001-leases", "pylease-0002-safety"]
+
+
 def _wait_for(predicate: Any, what: str) -> None:
     deadline = time.monotonic() + BOUND
     while not predicate():
@@ -532,7 +535,7 @@ def test_yoyo_agrees_with_pylease_on_what_is_applied(tmp_path: Path) -> None:
     from yoyo import get_backend, read_migrations
 
     migrations = read_migrations(str(data_dir("migrations", "sqlite")))
-    assert [m.id for m in migrations] == ["pylease-0001-leases"]
+    assert [m.id for m in migrations] == SQLITE_MIGRATIONS
 
     # Migrated by pylease: yoyo has nothing left to apply, and can roll it back.
     ours = tmp_path / "ours.sqlite3"
@@ -596,7 +599,7 @@ def test_a_connection_pylease_did_not_open(db: Path) -> None:
     conn = sqlite3.connect(db, check_same_thread=False)  # the module's default transactions
     with pytest.raises(SchemaMissing, match="migrate"):
         SqliteBackend(conn).claim("job", LONG, "me")
-    assert migrate(conn) == ["pylease-0001-leases"]
+    assert migrate(conn) == SQLITE_MIGRATIONS
     backend = SqliteBackend(conn)
     assert backend.claim("job", LONG, "me") == 1
     # Inside the caller's own transaction, an operation joins it.

@@ -56,3 +56,11 @@ CREATE TRIGGER pylease_leases_keep_rows BEFORE DELETE ON pylease_leases
 BEGIN
     SELECT RAISE(ABORT, 'pylease: lease rows are never deleted (their fences must not go back)');
 END;
+
+-- A grant past the last fence (claim.sql and steal.sql compute NULL there) fails
+-- before the row changes.
+CREATE TRIGGER pylease_leases_fences_exhausted BEFORE UPDATE OF fence ON pylease_leases
+WHEN NEW.fence IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: fences exhausted: this lease has used every fence (2^63-1)');
+END;
