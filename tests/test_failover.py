@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -151,6 +152,45 @@ def test_a_lost_release_frees_the_lease_by_expiry_with_a_higher_fence(sync_pair:
     assert rows_by_name(sync_pair.standby.url)["job"] == ("first", fence)  # the release: lost
     with lease(sync_pair.dsn, "job", timedelta(seconds=30), wait=BOUND) as held:
         assert held.fence > fence
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=DatabaseUnavailable,
+    reason="needs a waiter to retry a DatabaseUnavailable with backoff until its wait's "
+    "deadline instead of raising at once (pylease/leasing*.py acquire), from gen",
+)
+def test_a_waiter_on_a_multi_host_dsn_rides_out_a_failover(sync_pair: Pair) -> None:
+    conn, pg = backend(sync_pair.primary.url)
+    with conn:
+        fence = pg.claim("job", timedelta(seconds=3), "gone")  # a holder that died
+        assert fence is not None
+    got: list[Any] = []
+
+    def wait() -> None:
+        try:
+            with lease(sync_pair.dsn, "job", 30, wait=BOUND, poll_interval=0.1) as held:
+                got.append(held.fence)
+        except Exception as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    wait_until(
+        lambda: sync_pair.primary.query(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'pylease-listen'"
+        ),
+        what="the waiter to listen",
+    )
+    sync_pair.crash_primary()
+    # No primary for a moment, as while a failover is detected: the waiter tries meanwhile.
+    time.sleep(1.0)
+    sync_pair.promote()
+    waiter.join(BOUND)
+    assert not waiter.is_alive()
+    if isinstance(got[0], Exception):
+        raise got[0]
+    assert got[0] > fence
 
 
 # The cancelled wait: the one hole of synchronous replication ------------------------
