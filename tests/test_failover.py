@@ -9,6 +9,7 @@ No test measures speed; waits are "eventually", with generous bounds.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ import psycopg
 import pytest
 from typer.testing import CliRunner, Result
 
-from pylease import DatabaseUnavailable, LeaseLost, ReadOnlyServer, lease
+from pylease import DatabaseUnavailable, LeaseLost, ReadOnlyServer, alease, lease
 from pylease.cli import app
 from pylease.postgres import PostgresBackend
 from tests.replication import BOUND, Pair, Template, wait_until
@@ -134,6 +135,27 @@ def test_keeper_on_a_multi_host_dsn_keeps_its_lease_through_a_failover(sync_pair
         assert lost == []
         assert held.fence == fence
         say(f"sync keeper: crash + promotion took {took:.2f}s, the lease was kept")
+    assert rows_by_name(sync_pair.standby.url)["keeper"][1] == fence
+
+
+async def test_async_keeper_on_a_multi_host_dsn_keeps_its_lease_through_a_failover(
+    sync_pair: Pair,
+) -> None:
+    lost: list[LeaseLost] = []
+    async with alease(sync_pair.dsn, "keeper", KEEPER_TTL, on_lost=lost.append) as held:
+        fence = held.fence
+        # The pair's own calls block: run them off the loop, so the keeper task runs.
+        await asyncio.to_thread(sync_pair.failover)
+        promoted_at = await asyncio.to_thread(server_now, sync_pair.standby.url)
+        await asyncio.to_thread(
+            wait_until,
+            lambda: renewed_since(sync_pair.standby.url, "keeper", promoted_at),
+            BOUND,
+            "the async keeper to renew on the new primary",
+        )
+        assert not held.lost, held
+        held.check()
+        assert lost == []
     assert rows_by_name(sync_pair.standby.url)["keeper"][1] == fence
 
 
