@@ -159,6 +159,30 @@ async def test_async_keeper_on_a_multi_host_dsn_keeps_its_lease_through_a_failov
     assert rows_by_name(sync_pair.standby.url)["keeper"][1] == fence
 
 
+def test_a_renewal_that_meets_a_standby_is_retried_until_it_meets_the_primary(
+    sync_pair: Pair, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No target_session_attrs: after the crash the keeper reconnects to the standby
+    # while it is still one, as a client of a failover that is not over yet would.
+    dsn = sync_pair.dsn.replace("target_session_attrs=read-write", "target_session_attrs=any")
+    lost: list[LeaseLost] = []
+    with lease(dsn, "keeper", KEEPER_TTL, on_lost=lost.append) as held:
+        sync_pair.crash_primary()
+        wait_until(
+            lambda: "target_session_attrs=read-write" in caplog.text,
+            what="a renewal to meet the standby and fail with ReadOnlyServer",
+        )
+        sync_pair.promote()
+        promoted_at = server_now(sync_pair.standby.url)
+        wait_until(
+            lambda: renewed_since(sync_pair.standby.url, "keeper", promoted_at),
+            what="the keeper to renew once the standby was promoted",
+        )
+        assert not held.lost, held
+        assert lost == []
+        held.check()
+
+
 def test_a_lost_release_frees_the_lease_by_expiry_with_a_higher_fence(sync_pair: Pair) -> None:
     conn, pg = backend(sync_pair.primary.url)
     with conn:
