@@ -19,6 +19,7 @@ from psycopg.rows import tuple_row
 
 from pylease import _arguments, _validate
 from pylease._backend import LeaseRow, Renewal
+from pylease._syncrep import confirmed
 from pylease.errors import (
     DatabaseUnavailable,
     FenceExhausted,
@@ -73,45 +74,6 @@ def wrap_errors(name: str | None = None) -> Iterator[None]:
         ) from exc
     except psycopg.Error as exc:
         raise PyleaseError(f"pylease: {type(exc).__name__}: {_one_line(exc)}", name=name) from exc
-
-
-class _Warnings:
-    """The WARNINGs a server sent while one statement ran (read in the handler: a
-    notice's Diagnostic is freed once the handler returns)."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def __call__(self, diag: pg_errors.Diagnostic) -> None:
-        if diag.severity_nonlocalized == "WARNING":
-            self.seen.append(diag.message_primary or "")
-
-
-@contextmanager
-def confirmed(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], name: str | None
-) -> Iterator[None]:
-    """Raise DatabaseUnavailable for a grant or renewal the server answered with a WARNING.
-
-    A commit whose wait for a synchronous standby is cancelled (pg_cancel_backend, a
-    driver's or a pooler's cancel) is reported as a success with a WARNING (01000,
-    "canceling wait for synchronous replication"): the write is on the primary alone
-    and a failover may lose it, so it must not count. The lease functions raise no
-    WARNING of their own.
-    """
-    seen = _Warnings()
-    conn.add_notice_handler(seen)
-    try:
-        yield
-    finally:
-        conn.remove_notice_handler(seen)
-    if seen.seen:
-        raise DatabaseUnavailable(
-            f"pylease: the server committed with a WARNING ({seen.seen[0]}): a commit whose "
-            "wait for a synchronous standby was cancelled may be lost in a failover, so it "
-            "does not count",
-            name=name,
-        )
 
 
 class _args:
