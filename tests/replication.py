@@ -5,7 +5,8 @@ pylease migrated into the primary, the standby caught up) and copied for every t
 (two ``cp -a`` and two starts: about a second), so a test may crash, promote and cut
 what it likes. Everything listens on 127.0.0.1 only, on free ports, runs as the
 ``postgres`` user when the tests run as root, and lives under a temp dir prefixed
-``failover-``; every server started here is stopped again, also when a test fails.
+``failover-`` (in /dev/shm when it has room); every server started here is stopped
+again, also when a test fails.
 
 The walreceiver is cut by emptying the standby's ``primary_conninfo`` and reloading
 (PostgreSQL 13+ restarts the walreceiver on that reload): the standby keeps what it
@@ -61,6 +62,18 @@ log_line_prefix = '%m [%p] '
 """
 
 _started: set[Path] = set()
+
+
+def _scratch() -> str | None:
+    """Where data directories go: memory (tmpfs) when there is room, else the temp dir.
+
+    Copying the pair is most of a test's setup, and on a shared disk it is slow.
+    """
+    shm = Path("/dev/shm")
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(shm).free > 2 << 30 and os.access(shm, os.W_OK):
+            return str(shm)
+    return None
 
 
 def _as_postgres() -> dict[str, Any]:
@@ -316,7 +329,7 @@ class Template:
     """The pair's data directories, built once and copied per test."""
 
     def __init__(self) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix=PREFIX + "template-"))
+        self.base = Path(tempfile.mkdtemp(prefix=PREFIX + "template-", dir=_scratch()))
         os.chmod(self.base, 0o755)
         _chown(self.base)
         self.build_seconds = 0.0
@@ -354,7 +367,7 @@ class Template:
     @contextlib.contextmanager
     def pair(self, mode: str = "sync") -> Iterator[Pair]:
         """A started copy of the pair: ``sync``, ``remote_apply`` or ``async``."""
-        base = Path(tempfile.mkdtemp(prefix=PREFIX + "pair-"))
+        base = Path(tempfile.mkdtemp(prefix=PREFIX + "pair-", dir=_scratch()))
         try:
             os.chmod(base, 0o755)
             _chown(base)
