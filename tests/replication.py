@@ -33,7 +33,24 @@ import psycopg
 
 from pylease.migrate import migrate
 
-BINDIR = Path(os.environ.get("PYLEASE_PG_BINDIR", "/usr/lib/postgresql/15/bin"))
+
+def _bindir() -> Path:
+    """PYLEASE_PG_BINDIR, else the newest /usr/lib/postgresql/*/bin, else pg_ctl's on PATH."""
+    explicit = os.environ.get("PYLEASE_PG_BINDIR")
+    if explicit:
+        return Path(explicit)
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True
+    )
+    if versions:
+        return versions[0]
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    raise RuntimeError("no PostgreSQL binaries: install postgresql or set PYLEASE_PG_BINDIR")
+
+
+BINDIR = _bindir()
 PREFIX = "failover-"
 # Liveness bounds only: the machine is shared, nothing here measures speed.
 BOUND = 60.0
