@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pylease import _validate
 from pylease.errors import InvalidArgument
@@ -48,3 +48,16 @@ def max_rows(value: object) -> int:
             f"pylease: max_rows must be between 1 and {MAX_HISTORY_ROWS}", parameter="max_rows"
         )
     return value
+
+
+def since(value: object) -> datetime | timedelta | None:
+    """``history``'s ``since``: None, an aware datetime, or a span back from now."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidArgument(
+                "pylease: since must be an aware datetime (with a timezone)", parameter="since"
+            )
+        return value
+    return _validate.span("since", value)

@@ -23,6 +23,11 @@ class LeaseRow:
     renewed_at: datetime
     expires_at: datetime
     held: bool
+    #: ``held``, ``resting`` (released, not claimable until its min_hold ran out),
+    #: ``released`` or ``expired`` (its ttl ran out without a release).
+    state: str
+    #: The ttl last granted or renewed with.
+    ttl: timedelta
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,29 @@ class Renewal:
     renewed: bool
     expires_at: datetime | None
     server_time: datetime | None
+
+
+@dataclass(frozen=True)
+class CounterRow:
+    """One row of ``lease_counters``: how many of each event a name has seen."""
+
+    name: str
+    grants: int
+    takeovers: int
+    steals: int
+    releases: int
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """One row of ``lease_history``: ``claimed``, ``taken_over``, ``stolen`` or ``released``."""
+
+    at: datetime
+    name: str
+    event: str
+    holder: str
+    fence: int
+    previous_holder: str | None
 
 
 class Backend(Protocol):
@@ -66,6 +94,17 @@ class Backend(Protocol):
 
     def status(self, name: str | None = None) -> list[LeaseRow]: ...
 
+    def counters(self, name: str | None = None) -> list[CounterRow]: ...
+
+    def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]: ...
+
+    def prune_history(self, older_than: timedelta) -> int: ...
+
 
 class AsyncBackend(Protocol):
     """The same operations, awaitable."""
@@ -94,3 +133,14 @@ class AsyncBackend(Protocol):
     async def holds(self, name: str, holder: str, fence: int) -> bool: ...
 
     async def status(self, name: str | None = None) -> list[LeaseRow]: ...
+
+    async def counters(self, name: str | None = None) -> list[CounterRow]: ...
+
+    async def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]: ...
+
+    async def prune_history(self, older_than: timedelta) -> int: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -18,7 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
 from pylease import _arguments, _validate
-from pylease._backend import LeaseRow, Renewal
+from pylease._backend import CounterRow, LeaseEvent, LeaseRow, Renewal
 from pylease._syncrep import confirmed
 from pylease.errors import (
     DatabaseUnavailable,
@@ -40,8 +40,15 @@ RELEASE: LiteralString = "SELECT lease_release(%s, %s, %s)"
 STEAL: LiteralString = "SELECT lease_steal(%s, %s, %s, %s)"
 HOLDS: LiteralString = "SELECT lease_holds(%s, %s, %s)"
 STATUS: LiteralString = (
-    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held FROM lease_status(%s)"
+    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held, state, ttl"
+    " FROM lease_status(%s)"
 )
+COUNTERS: LiteralString = "SELECT name, grants, takeovers, steals, releases FROM lease_counters(%s)"
+_EVENT_COLUMNS: LiteralString = "SELECT at, name, event, holder, fence, previous_holder"
+HISTORY: LiteralString = _EVENT_COLUMNS + " FROM lease_history(%s, %s, %s)"
+# A span back from now is taken by the database's clock, like every other time.
+HISTORY_AGO: LiteralString = _EVENT_COLUMNS + " FROM lease_history(%s, clock_timestamp() - %s, %s)"
+PRUNE_HISTORY: LiteralString = "SELECT lease_prune_history(%s)"
 
 MISSING_SCHEMA_HINT = "the pylease schema is not installed here: run `pylease migrate --dsn ...`"
 
@@ -124,6 +131,22 @@ class _args:
     def status(name: object) -> tuple[Any, ...]:
         return (None if name is None else _validate.key("name", name),)
 
+    @staticmethod
+    def history(name: object, since: object, max_rows: object) -> tuple[Any, ...]:
+        return (
+            None if name is None else _validate.key("name", name),
+            _arguments.since(since),
+            _arguments.max_rows(max_rows),
+        )
+
+    @staticmethod
+    def prune_history(older_than: object) -> tuple[Any, ...]:
+        return (_validate.span("older_than", older_than),)
+
+
+def _history_query(params: tuple[Any, ...]) -> LiteralString:
+    return HISTORY_AGO if isinstance(params[1], timedelta) else HISTORY
+
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
@@ -204,6 +227,35 @@ class PostgresBackend:
             cur.execute(STATUS, _args.status(name))
             return [_row(r) for r in cur.fetchall()]
 
+    def counters(self, name: str | None = None) -> list[CounterRow]:
+        """``lease_counters``: per name (all when None), grants, takeovers, steals, releases."""
+        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(COUNTERS, _args.status(name))
+            return [CounterRow(*r) for r in cur.fetchall()]
+
+    def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """``lease_history``: recorded events, newest first.
+
+        :param since: an aware datetime, or a span back from the database's now.
+        :raises InvalidArgument: a bad name, since, or max_rows outside 1..10,000.
+        """
+        params = _args.history(name, since, max_rows)
+        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(_history_query(params), params)
+            return [LeaseEvent(*r) for r in cur.fetchall()]
+
+    def prune_history(self, older_than: timedelta) -> int:
+        """``lease_prune_history``: delete the events older than ``older_than``; how many.
+
+        :raises PyleaseError: the role may not prune (not executable by PUBLIC).
+        """
+        return int(self._one(PRUNE_HISTORY, _args.prune_history(older_than), None))
+
 
 class AsyncPostgresBackend:
     """Lease operations on one psycopg async connection; kept in step with PostgresBackend."""
@@ -273,3 +325,34 @@ class AsyncPostgresBackend:
             async with self.conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(STATUS, _args.status(name))
                 return [_row(r) for r in await cur.fetchall()]
+
+    async def counters(self, name: str | None = None) -> list[CounterRow]:
+        """``lease_counters``: per name (all when None), grants, takeovers, steals, releases."""
+        with wrap_errors(name):
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(COUNTERS, _args.status(name))
+                return [CounterRow(*r) for r in await cur.fetchall()]
+
+    async def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """``lease_history``: recorded events, newest first.
+
+        :param since: an aware datetime, or a span back from the database's now.
+        :raises InvalidArgument: a bad name, since, or max_rows outside 1..10,000.
+        """
+        params = _args.history(name, since, max_rows)
+        with wrap_errors(name):
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(_history_query(params), params)
+                return [LeaseEvent(*r) for r in await cur.fetchall()]
+
+    async def prune_history(self, older_than: timedelta) -> int:
+        """``lease_prune_history``: delete the events older than ``older_than``; how many.
+
+        :raises PyleaseError: the role may not prune (not executable by PUBLIC).
+        """
+        return int(await self._one(PRUNE_HISTORY, _args.prune_history(older_than), None))

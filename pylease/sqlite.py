@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pylease import _arguments, _validate
-from pylease._backend import AsyncBackend, Backend, LeaseRow, Renewal
+from pylease._backend import AsyncBackend, Backend, CounterRow, LeaseEvent, LeaseRow, Renewal
 from pylease._resources import data_dir
 from pylease.errors import (
     ConfigurationError,
@@ -62,6 +62,7 @@ __all__ = [
     "filesystem_type",
     "migrate",
     "path_of",
+    "set_history",
 ]
 
 #: Seconds a statement waits for another connection's write lock before failing.
@@ -109,7 +110,13 @@ OPERATIONS = (
     "steal",
     "holds",
     "status",
+    "counters",
+    "history",
+    "prune_history",
 )
+
+#: The values of the history setting (the row 'history' of pylease_settings).
+HISTORY_SETTINGS = ("rare", "all", "none")
 
 _MIGRATION_TABLE = "_yoyo_migration"
 # yoyo's own bookkeeping tables (its internal schema version 2), so that
@@ -711,9 +718,47 @@ class SqliteBackend:
                 renewed_at=_when(row[4]),
                 expires_at=_when(row[5]),
                 held=bool(row[6]),
+                state=row[7],
+                ttl=timedelta(seconds=row[8]),
             )
             for row in self._read("status", {"name": name}, name)
         ]
+
+    def counters(self, name: str | None = None) -> list[CounterRow]:
+        """Per name (all when None): grants, takeovers, steals and releases."""
+        if name is not None:
+            _validate.key("name", name)
+        return [CounterRow(*row) for row in self._read("counters", {"name": name}, name)]
+
+    def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """Recorded events, newest first (see :func:`set_history` for what is recorded).
+
+        :param since: an aware datetime, or a span back from now (SQLite's clock).
+        :raises InvalidArgument: a bad name, since, or max_rows outside 1..10,000.
+        """
+        if name is not None:
+            _validate.key("name", name)
+        after = _arguments.since(since)
+        params = {
+            "name": name,
+            "since": after.timestamp() if isinstance(after, datetime) else None,
+            "since_seconds": _seconds(after) if isinstance(after, timedelta) else None,
+            "max_rows": _arguments.max_rows(max_rows),
+        }
+        return [
+            LeaseEvent(_when(r[0]), r[1], r[2], r[3], int(r[4]), r[5])
+            for r in self._read("history", params, name)
+        ]
+
+    def prune_history(self, older_than: timedelta) -> int:
+        """Delete the events older than ``older_than``; returns how many."""
+        older = _validate.span("older_than", older_than)
+        return len(self._write("prune_history", {"older_than_seconds": _seconds(older)}, None))
 
 
 class AsyncSqliteBackend:
@@ -756,6 +801,45 @@ class AsyncSqliteBackend:
 
     async def status(self, name: str | None = None) -> list[LeaseRow]:
         return await asyncio.to_thread(self.sync.status, name)
+
+    async def counters(self, name: str | None = None) -> list[CounterRow]:
+        """Per name (all when None): grants, takeovers, steals and releases."""
+        return await asyncio.to_thread(self.sync.counters, name)
+
+    async def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """Recorded events, newest first."""
+        return await asyncio.to_thread(self.sync.history, name, since, max_rows)
+
+    async def prune_history(self, older_than: timedelta) -> int:
+        """Delete the events older than ``older_than``; returns how many."""
+        return await asyncio.to_thread(self.sync.prune_history, older_than)
+
+
+def set_history(conn: sqlite3.Connection, setting: str) -> None:
+    """Set what the file's history records: ``rare`` (the default), ``all`` or ``none``.
+
+    SQLite has no session settings: this is the row ``history`` of the table
+    ``pylease_settings``, for every connection to the file (PostgreSQL's
+    ``pylease.history`` can also be set per role or session).
+
+    :raises InvalidArgument: another value.
+    """
+    if setting not in HISTORY_SETTINGS:
+        raise InvalidArgument(
+            f"pylease: pylease.history must be rare, all or none, not {setting!r}",
+            parameter="pylease.history",
+        )
+    backend = SqliteBackend(conn)
+    with backend.transaction() as locked:
+        locked.execute(
+            "INSERT OR REPLACE INTO pylease_settings (name, value) VALUES ('history', ?)",
+            (setting,),
+        )
 
 
 if TYPE_CHECKING:

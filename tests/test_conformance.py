@@ -20,7 +20,7 @@ import pytest
 from pylease._backend import Backend
 from pylease.errors import FenceExhausted, InvalidArgument
 from pylease.postgres import PostgresBackend
-from pylease.sqlite import SqliteBackend, connect
+from pylease.sqlite import SqliteBackend, connect, set_history
 
 LONG = timedelta(seconds=30)
 SHORT = timedelta(milliseconds=300)
@@ -89,7 +89,9 @@ Step = tuple[Any, ...]
 # attribute of status(name)[0]; "force" (name, fence): sets a fence behind the
 # API's back. status results are compared as (name, holder, fence, held) tuples,
 # renew_each results as (name, renewed, expires_at, expires_at - server_time in
-# whole milliseconds).
+# whole milliseconds), history results as (event, holder, fence, previous_holder),
+# counters results as (name, grants, takeovers, steals, releases); "setting"
+# (value,) sets pylease.history (SQLite: its settings row).
 SCENARIOS: list[tuple[str, list[Step]]] = [
     # claim ---------------------------------------------------------------------
     ("claim a new name grants fence 1", [("claim", ("a", LONG, "h1"), 1)]),
@@ -735,6 +737,91 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
 ]
 
 
+def history_script(setting: str | None, events: list[tuple[Any, ...]]) -> list[Step]:
+    """claim, renew, release, claim, expire and take over, steal, min_hold release."""
+    steps: list[Step] = [] if setting is None else [("setting", (setting,), None)]
+    return [
+        *steps,
+        ("claim", ("job", LONG, "h1"), 1),
+        ("renew", ("job", "h1"), True),
+        ("claim", ("job", LONG, "h1"), 1),
+        ("claim", ("job", LONG, "h2"), None),
+        ("release", ("job", "h1"), True),
+        ("claim", ("job", SHORT, "h2"), 2),
+        sleep_past_short(),
+        ("claim", ("job", LONG, "h3"), 3),
+        ("steal", ("job", LONG, "h4"), 4),
+        ("release", ("job", "h4", DAY), True),
+        ("field", ("job", "state"), "resting"),
+        ("history", (), events),
+        ("history", ("job",), events),
+        ("history", ("other",), []),
+        ("counters", (), [("job", 4, 1, 1, 2)]),
+    ]
+
+
+ALL_EVENTS = [
+    ("released", "h4", 4, None),
+    ("stolen", "h4", 4, "h3"),
+    ("taken_over", "h3", 3, "h2"),
+    ("claimed", "h2", 2, "h1"),
+    ("released", "h1", 1, None),
+    ("claimed", "h1", 1, None),
+]
+RARE_EVENTS = [e for e in ALL_EVENTS if e[0] in ("taken_over", "stolen")]
+
+SCENARIOS += [
+    (
+        "each state of status, with the ttl last granted",
+        [
+            ("claim", ("held", LONG, "h1"), 1),
+            ("claim", ("resting", LONG, "h1"), 1),
+            ("release", ("resting", "h1", DAY), True),
+            ("claim", ("released", LONG, "h1"), 1),
+            ("release", ("released", "h1"), True),
+            ("claim", ("expired", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("field", ("held", "state"), "held"),
+            ("field", ("resting", "state"), "resting"),
+            ("field", ("released", "state"), "released"),
+            ("field", ("expired", "state"), "expired"),
+            ("field", ("held", "ttl"), LONG),
+            ("field", ("expired", "ttl"), SHORT),
+            ("renew", ("held", "h1", DAY), True),
+            ("field", ("held", "ttl"), DAY),
+            ("claim", ("resting", LONG, "h2"), None),
+            ("claim", ("released", LONG, "h2"), 2),
+            ("claim", ("expired", LONG, "h2"), 2),
+        ],
+    ),
+    ("history under 'all': every grant and release", history_script("all", ALL_EVENTS)),
+    ("history by default: takeovers and steals only", history_script(None, RARE_EVENTS)),
+    ("history under 'rare' as by default", history_script("rare", RARE_EVENTS)),
+    ("history under 'none': nothing, the same counters", history_script("none", [])),
+    (
+        "counters: one grant per tenure, a steal of a free name is a claim",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("claim", ("a", LONG, "h1"), 1),
+            ("renew_many", (["a"], ["h1"]), [("a", True)]),
+            ("release", ("a", "h1"), True),
+            ("release", ("a", "h1"), False),
+            ("steal", ("a", LONG, "h2"), 2),
+            ("steal", ("a", LONG, "h3"), 3),
+            ("steal", ("b", LONG, "h3"), 1),
+            ("counters", (), [("a", 3, 0, 1, 1), ("b", 1, 0, 0, 0)]),
+            ("counters", ("b",), [("b", 1, 0, 0, 0)]),
+            ("history", (None, None, 1), [("stolen", "h3", 3, "h2")]),
+            ("history", (None, None, 0), Raises("pylease: max_rows must be between 1 and 10000")),
+            ("prune_history", (DAY,), 0),
+            ("prune_history", (timedelta(0),), 1),
+            ("history", (), []),
+            ("counters", ("a",), [("a", 3, 0, 1, 1)]),
+        ],
+    ),
+]
+
+
 @pytest.fixture(params=["postgres", "sqlite"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """The same Backend interface on each backend, over a fresh database."""
@@ -764,7 +851,18 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
             assert isinstance(backend, PostgresBackend)
             backend.conn.execute(update.format("%s", "%s"), (fence, name))  # type: ignore[arg-type]
         return None
+    if operation == "setting":
+        if isinstance(backend, SqliteBackend):
+            set_history(backend.conn, args[0])
+        else:
+            assert isinstance(backend, PostgresBackend)
+            backend.conn.execute("SELECT set_config('pylease.history', %s, false)", args)
+        return None
     result = getattr(backend, operation)(*args)
+    if operation == "history":
+        return [(e.event, e.holder, e.fence, e.previous_holder) for e in result]
+    if operation == "counters":
+        return [(c.name, c.grants, c.takeovers, c.steals, c.releases) for c in result]
     if operation == "status":
         return [(r.name, r.holder, r.fence, r.held) for r in result]
     if operation == "renew_each":

@@ -23,7 +23,7 @@ from pylease._resources import data_dir
 from pylease.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
-IDS = ["pylease-0001-leases", "pylease-0002-safety"]
+IDS = ["pylease-0001-leases", "pylease-0002-safety", "pylease-0003-operations"]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
 
@@ -146,6 +146,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "_yoyo_log",
         "_yoyo_migration",
         "_yoyo_version",
+        "pylease_events",
         "pylease_leases",
     ]
     # Independent of the copy in public that the test database already has.
@@ -417,3 +418,46 @@ def test_each_new_migration_rolls_back_to_the_catalog_before_it_and_reapplies(
     assert applied(target) == IDS[: index + 1]
     with psycopg.connect(target, autocommit=True) as c:
         assert c.execute("SELECT lease_claim('sweep', '1 hour', 'you')").fetchone() == (None,)
+
+
+def test_0003_keeps_the_grants_of_lease_status(fresh_db: Any) -> None:
+    url: str = fresh_db()
+    _migrate_to(url, "pylease-0002-safety")
+    role = f"pylease_reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        c.execute("REVOKE EXECUTE ON FUNCTION lease_status(text) FROM PUBLIC")
+        c.execute(
+            sql.SQL("GRANT EXECUTE ON FUNCTION lease_status(text) TO {} WITH GRANT OPTION").format(
+                sql.Identifier(role)
+            )
+        )
+        c.execute("COMMENT ON FUNCTION lease_status(text) IS 'ours'")
+    try:
+        _migrate_to(url, "pylease-0003-operations")
+        with psycopg.connect(url, autocommit=True) as c:
+            may = c.execute(
+                "SELECT has_function_privilege('public', 'lease_status(text)', 'EXECUTE'),"
+                " has_function_privilege(%s, 'lease_status(text)', 'EXECUTE WITH GRANT OPTION')",
+                (role,),
+            ).fetchone()
+            assert may == (False, True)
+            assert c.execute("SELECT state FROM lease_status()").fetchall() == []
+    finally:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_0003_names_a_view_on_lease_status_that_must_be_recreated(fresh_db: Any) -> None:
+    url: str = fresh_db()
+    _migrate_to(url, "pylease-0002-safety")
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE VIEW my_leases AS SELECT name, held FROM lease_status()")
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist, match="my_leases"):
+        _migrate_to(url, "pylease-0003-operations")
+    assert applied(url) == IDS[:2]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP VIEW my_leases")
+    _migrate_to(url, "pylease-0003-operations")
+    assert applied(url) == IDS

@@ -22,7 +22,7 @@ from pylease.migrate import migrate, rollback
 Conn = psycopg.Connection[Any]
 HOUR = timedelta(hours=1)
 
-MIGRATIONS = ["pylease-0001-leases", "pylease-0002-safety"]
+MIGRATIONS = ["pylease-0001-leases", "pylease-0002-safety", "pylease-0003-operations"]
 FUNCTIONS = (
     "lease_claim",
     "lease_renew",
@@ -32,6 +32,9 @@ FUNCTIONS = (
     "lease_steal",
     "lease_holds",
     "lease_status",
+    "lease_counters",
+    "lease_history",
+    "lease_prune_history",
 )
 HELPERS = (
     "pylease_check_key",
@@ -39,6 +42,8 @@ HELPERS = (
     "pylease_check_span",
     "pylease_check_batch",
     "pylease_refuse_standby",
+    "pylease_refuse_history",
+    "pylease_history_rows",
 )
 # Every object pylease owns is named like this; yoyo's bookkeeping is not ours.
 OURS = "(lease\\_%|pylease\\_%)"
@@ -132,11 +137,15 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
     # The comparison covered the whole API, not an empty schema.
     assert {r[0] for r in expected["functions"]} == {*FUNCTIONS, *HELPERS}
     assert [r[0] for r in expected["relations"]] == [
+        "pylease_events",
+        "pylease_events_at",
+        "pylease_events_id_seq",
+        "pylease_events_name_at",
         "pylease_leases",
         "pylease_leases_fence",
         "pylease_leases_pkey",
     ]
-    assert len(expected["constraints"]) == 4
+    assert len(expected["constraints"]) == 5
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
@@ -167,10 +176,11 @@ def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn
         assert secdef is (proname in FUNCTIONS), proname
 
 
-def test_public_has_no_privilege_on_the_table(conn: Conn) -> None:
+@pytest.mark.parametrize("table", ["pylease_leases", "pylease_events"])
+def test_public_has_no_privilege_on_the_tables(conn: Conn, table: str) -> None:
     for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"):
         assert not conn.execute(
-            "SELECT has_table_privilege('public', 'pylease_leases', %s)", (privilege,)
+            "SELECT has_table_privilege('public', %s, %s)", (table, privilege)
         ).fetchone()[0], privilege  # type: ignore[index]
 
 
@@ -180,7 +190,7 @@ def test_public_may_execute_every_function_but_steal_and_the_helpers(conn: Conn)
         " WHERE pronamespace = 'public'::regnamespace"
     ).fetchall()
     executable = {name for name, may in rows if may}
-    assert executable == set(FUNCTIONS) - {"lease_steal"}
+    assert executable == set(FUNCTIONS) - {"lease_steal", "lease_prune_history"}
 
 
 def test_the_table_leaves_room_for_hot_updates(conn: Conn) -> None:

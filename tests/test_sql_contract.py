@@ -116,8 +116,19 @@ SIGNATURES = {
         "name text DEFAULT NULL::text",
         "TABLE(name text, holder text, fence bigint, acquired_at timestamp with time zone,"
         " renewed_at timestamp with time zone, expires_at timestamp with time zone,"
-        " held boolean)",
+        " held boolean, state text, ttl interval)",
     ),
+    "lease_counters": (
+        "name text DEFAULT NULL::text",
+        "TABLE(name text, grants bigint, takeovers bigint, steals bigint, releases bigint)",
+    ),
+    "lease_history": (
+        "name text DEFAULT NULL::text, since timestamp with time zone DEFAULT NULL::timestamp"
+        " with time zone, max_rows integer DEFAULT 100",
+        "TABLE(at timestamp with time zone, name text, event text, holder text, fence bigint,"
+        " previous_holder text)",
+    ),
+    "lease_prune_history": ("older_than interval", "bigint"),
 }
 
 
@@ -544,11 +555,11 @@ def test_status_lists_every_name_ever_claimed(conn: Conn) -> None:
 def test_status_of_one_name(conn: Conn) -> None:
     claim(conn, "a", HOUR, "alice")
     claim(conn, "b", HOUR, "bob")
-    [(name, holder, fence, acquired, renewed, expires, held)] = conn.execute(
+    [(name, holder, fence, acquired, renewed, expires, held, state, ttl)] = conn.execute(
         "SELECT * FROM lease_status(name => %s)", ("b",)
     ).fetchall()
     r = row(conn, "b")
-    assert (name, holder, fence, held) == ("b", "bob", 1, True)
+    assert (name, holder, fence, held, state, ttl) == ("b", "bob", 1, True, "held", HOUR)
     assert (acquired, renewed, expires) == (r["acquired_at"], r["renewed_at"], r["expires_at"])
     assert status(conn, "unknown") == []
 
@@ -565,6 +576,8 @@ def test_status_columns(conn: Conn) -> None:
         "renewed_at",
         "expires_at",
         "held",
+        "state",
+        "ttl",
     ]
 
 

@@ -67,7 +67,7 @@ def backend(db: Path) -> Iterator[SqliteBackend]:
         conn.close()
 
 
-SQLITE_MIGRATIONS = ["pylease-0001-leases", "pylease-0002-safety"]
+SQLITE_MIGRATIONS = ["pylease-0001-leases", "pylease-0002-safety", "pylease-0003-operations"]
 
 
 def _wait_for(predicate: Any, what: str) -> None:
@@ -522,7 +522,8 @@ def test_schema_sql_matches_the_migrations(tmp_path: Path) -> None:
         rows = conn.execute(
             "SELECT type, name, sql FROM sqlite_master WHERE name LIKE 'pylease%' ORDER BY name"
         ).fetchall()
-        return [(t, n, " ".join(s.split())) for t, n, s in rows]
+        # ALTER TABLE ADD COLUMN splices its text in as ", column" after the last one.
+        return [(t, n, re.sub(r"\s*([,()])\s*", r"\1", " ".join(s.split()))) for t, n, s in rows]
 
     migrated = connect(tmp_path / "migrated.sqlite3")
     scratch = sqlite3.connect(tmp_path / "schema.sqlite3")

@@ -28,7 +28,11 @@ CREATE TABLE pylease_leases (
     acquired_at timestamptz NOT NULL,
     renewed_at  timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
-    released    boolean     NOT NULL DEFAULT false
+    released    boolean     NOT NULL DEFAULT false,
+    grants      bigint      NOT NULL DEFAULT 0,
+    takeovers   bigint      NOT NULL DEFAULT 0,
+    steals      bigint      NOT NULL DEFAULT 0,
+    releases    bigint      NOT NULL DEFAULT 0
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE pylease_leases IS
@@ -39,6 +43,25 @@ COMMENT ON TABLE pylease_leases IS
 -- row around a FOR SHARE lock, would leave the fenced lease's own renewal
 -- waiting and make the keeper's one statement many.
 CREATE UNIQUE INDEX pylease_leases_fence ON pylease_leases (name, fence);
+-- What happened to each lease, newest last; rows are only ever added (and pruned).
+-- The two indexes serve lease_history's two queries (all names, one name) and
+-- lease_prune_history.
+CREATE TABLE pylease_events (
+    id              bigint      GENERATED ALWAYS AS IDENTITY,
+    at              timestamptz NOT NULL,
+    name            text        NOT NULL,
+    event           text        NOT NULL
+                    CHECK (event IN ('claimed', 'taken_over', 'stolen', 'released')),
+    holder          text        NOT NULL,
+    fence           bigint      NOT NULL,
+    previous_holder text
+);
+CREATE INDEX pylease_events_at ON pylease_events (at, id);
+CREATE INDEX pylease_events_name_at ON pylease_events (name, at, id);
+
+COMMENT ON TABLE pylease_events IS
+    'pylease: lease history (pylease.history = rare | all | none); written only through the lease_* functions.';
+
 -- Argument checks -------------------------------------------------------------
 
 -- Raises 22023 unless a name or holder is a non-empty text of at most 200 characters.
@@ -143,6 +166,15 @@ BEGIN
 END
 $$;
 
+-- Raises 22023 for a pylease.history setting that is not rare, all, none or empty.
+CREATE FUNCTION pylease_refuse_history(setting text) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RAISE EXCEPTION 'pylease: pylease.history must be rare, all or none, not %', quote_literal(setting)
+        USING ERRCODE = '22023', COLUMN = 'pylease.history';
+END
+$$;
+
 -- Functions -------------------------------------------------------------------
 
 -- Claim a lease: the fence when granted, NULL when another holder's unexpired
@@ -160,6 +192,7 @@ DECLARE
     s_fence   bigint;
     s_expires timestamptz;
     s_freed   boolean;
+    history   text;
 BEGIN
     -- One cheap test in the common case; the checks that raise run only when it fails.
     IF lease_claim.name IS NULL OR lease_claim.name = '' OR length(lease_claim.name) > 200
@@ -182,12 +215,22 @@ BEGIN
          WHERE l.name = lease_claim.name;
         IF NOT FOUND THEN
             -- A first claim of the name; a conflict means another claimer created it first.
-            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, grants)
             VALUES (lease_claim.name, lease_claim.holder,
                     ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
-                    lease_claim.ttl, t_now, t_now, t_now + lease_claim.ttl)
+                    lease_claim.ttl, t_now, t_now, t_now + lease_claim.ttl, 1)
             ON CONFLICT (name) DO NOTHING
             RETURNING l.fence INTO granted;
+            IF FOUND THEN
+                history := current_setting('pylease.history', true);
+                IF history = 'all' THEN
+                    INSERT INTO pylease_events (at, name, event, holder, fence)
+                    VALUES (t_now, lease_claim.name, 'claimed', lease_claim.holder, granted);
+                ELSIF history NOT IN ('', 'rare', 'none') THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+            END IF;
             RETURN granted;
         END IF;
 
@@ -201,14 +244,18 @@ BEGIN
              WHERE l.name = lease_claim.name AND l.fence = s_fence
                AND l.holder = lease_claim.holder AND NOT l.released
             RETURNING l.fence INTO granted;
+            IF FOUND THEN
+                RETURN granted;
+            END IF;
         ELSIF s_expires > t_now THEN
             RETURN NULL;
         ELSIF s_fence = 9223372036854775807 THEN
             RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
                 quote_literal(lease_claim.name), s_fence USING ERRCODE = '54000';
         ELSE
-            -- Free (released or expired). The fence is floored by the timeline WAL is
-            -- written on, so a promoted standby never reissues the old primary's fences.
+            -- Free (released, or expired: a takeover). The fence is floored by the
+            -- timeline WAL is written on, so a promoted standby never reissues the
+            -- old primary's fences.
             UPDATE pylease_leases AS l
                SET fence       = greatest(s_fence + 1,
                     ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
@@ -217,13 +264,24 @@ BEGIN
                    ttl         = lease_claim.ttl,
                    renewed_at  = t_now,
                    expires_at  = t_now + lease_claim.ttl,
-                   released    = false
+                   released    = false,
+                   grants      = l.grants + 1,
+                   takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
              WHERE l.name = lease_claim.name AND l.fence = s_fence AND l.released = s_freed
                AND l.expires_at <= t_now
             RETURNING l.fence INTO granted;
-        END IF;
-        IF FOUND THEN
-            RETURN granted;
+            IF FOUND THEN
+                history := current_setting('pylease.history', true);
+                IF history = 'all' OR (NOT s_freed AND coalesce(history, '') IN ('', 'rare')) THEN
+                    INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+                    VALUES (t_now, lease_claim.name,
+                            CASE WHEN s_freed THEN 'claimed' ELSE 'taken_over' END,
+                            lease_claim.holder, granted, s_holder);
+                ELSIF history NOT IN ('', 'rare', 'all', 'none') THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+                RETURN granted;
+            END IF;
         END IF;
     END LOOP;
 END
@@ -362,6 +420,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t_now    timestamptz := clock_timestamp();
     freed_at timestamptz;
+    freed    bigint;
+    history  text;
 BEGIN
     IF lease_release.name IS NULL OR lease_release.name = '' OR length(lease_release.name) > 200
        OR lease_release.holder IS NULL OR lease_release.holder = ''
@@ -391,11 +451,19 @@ BEGIN
     UPDATE pylease_leases AS l
        SET released   = true,
            expires_at = CASE WHEN lease_release.min_hold IS NULL THEN t_now
-                             ELSE greatest(t_now, l.acquired_at + lease_release.min_hold) END
+                             ELSE greatest(t_now, l.acquired_at + lease_release.min_hold) END,
+           releases   = l.releases + 1
      WHERE l.name = lease_release.name AND l.holder = lease_release.holder AND NOT l.released
-    RETURNING l.expires_at INTO freed_at;
+    RETURNING l.expires_at, l.fence INTO freed_at, freed;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    history := current_setting('pylease.history', true);
+    IF history = 'all' THEN
+        INSERT INTO pylease_events (at, name, event, holder, fence)
+        VALUES (t_now, lease_release.name, 'released', lease_release.holder, freed);
+    ELSIF history NOT IN ('', 'rare', 'none') THEN
+        PERFORM pylease_refuse_history(history);
     END IF;
     IF freed_at <= t_now THEN
         PERFORM pg_notify('pylease', lease_release.name);
@@ -414,10 +482,13 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t_now     timestamptz := clock_timestamp();
     granted   bigint;
+    s_holder  text;
     s_fence   bigint;
     s_renewed timestamptz;
     s_expires timestamptz;
     s_freed   boolean;
+    kind      text;
+    history   text;
 BEGIN
     PERFORM pylease_check_key('name', lease_steal.name);
     PERFORM pylease_check_ttl('ttl', lease_steal.ttl);
@@ -428,18 +499,20 @@ BEGIN
     END IF;
 
     LOOP
-        SELECT l.fence, l.renewed_at, l.expires_at, l.released
-          INTO s_fence, s_renewed, s_expires, s_freed
+        SELECT l.holder, l.fence, l.renewed_at, l.expires_at, l.released
+          INTO s_holder, s_fence, s_renewed, s_expires, s_freed
           FROM pylease_leases AS l
          WHERE l.name = lease_steal.name;
         IF NOT FOUND THEN
-            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, grants)
             VALUES (lease_steal.name, lease_steal.holder,
                     ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
-                    lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl)
+                    lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl, 1)
             ON CONFLICT (name) DO NOTHING
             RETURNING l.fence INTO granted;
-            RETURN granted;
+            kind := 'claimed';
+            EXIT;
         END IF;
         IF s_renewed > t_now - lease_steal.older_than AND s_expires > t_now THEN
             RETURN NULL;
@@ -447,6 +520,9 @@ BEGIN
             RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
                 quote_literal(lease_steal.name), s_fence USING ERRCODE = '54000';
         END IF;
+        -- From an unexpired holder a steal; of a free or expired name what a claim is.
+        kind := CASE WHEN s_freed THEN 'claimed' WHEN s_expires <= t_now THEN 'taken_over'
+                     ELSE 'stolen' END;
 
         UPDATE pylease_leases AS l
            SET fence       = greatest(s_fence + 1,
@@ -456,15 +532,27 @@ BEGIN
                acquired_at = t_now,
                renewed_at  = t_now,
                expires_at  = t_now + lease_steal.ttl,
-               released    = false
+               released    = false,
+               grants      = l.grants + 1,
+               takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
+               steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
          WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
            AND l.expires_at = s_expires
            AND (l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
         RETURNING l.fence INTO granted;
-        IF FOUND THEN
-            RETURN granted;
-        END IF;
+        EXIT WHEN FOUND;
     END LOOP;
+
+    IF granted IS NOT NULL THEN
+        history := current_setting('pylease.history', true);
+        IF history = 'all' OR (kind <> 'claimed' AND coalesce(history, '') IN ('', 'rare')) THEN
+            INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+            VALUES (t_now, lease_steal.name, kind, lease_steal.holder, granted, s_holder);
+        ELSIF history NOT IN ('', 'rare', 'all', 'none') THEN
+            PERFORM pylease_refuse_history(history);
+        END IF;
+    END IF;
+    RETURN granted;
 END
 $$;
 
@@ -495,18 +583,90 @@ END
 $$;
 
 -- One row per name ever claimed (all names when name is NULL); held means
--- unexpired and not released. SQL, not PL/pgSQL: only SQL lets the argument
--- and the output column share the name "name".
+-- unexpired and not released; state tells held, resting (released, not yet
+-- claimable: min_hold), released and expired apart. SQL, not PL/pgSQL: only SQL
+-- lets the argument and the output column share the name "name".
 CREATE FUNCTION lease_status(name text DEFAULT NULL)
 RETURNS TABLE(name text, holder text, fence bigint, acquired_at timestamptz,
-              renewed_at timestamptz, expires_at timestamptz, held boolean)
+              renewed_at timestamptz, expires_at timestamptz, held boolean,
+              state text, ttl interval)
 LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
     SELECT l.name, l.holder, l.fence, l.acquired_at, l.renewed_at, l.expires_at,
-           NOT l.released AND l.expires_at > clock_timestamp()
+           NOT l.released AND l.expires_at > c.now,
+           CASE WHEN l.expires_at > c.now THEN CASE WHEN l.released THEN 'resting' ELSE 'held' END
+                WHEN l.released THEN 'released' ELSE 'expired' END,
+           l.ttl
+      FROM pylease_leases AS l, (SELECT clock_timestamp() AS now) AS c
+     WHERE $1 IS NULL OR l.name = $1
+     ORDER BY l.name;
+$$;
+
+-- Per name, how many grants (every new tenure), takeovers (after an expiry
+-- without a release), steals (from an unexpired holder) and releases there were.
+CREATE FUNCTION lease_counters(name text DEFAULT NULL)
+RETURNS TABLE(name text, grants bigint, takeovers bigint, steals bigint, releases bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
+    SELECT l.name, l.grants, l.takeovers, l.steals, l.releases
       FROM pylease_leases AS l
      WHERE $1 IS NULL OR l.name = $1
      ORDER BY l.name;
+$$;
+
+-- lease_history's rows, one query per case, so that each one uses its index.
+CREATE FUNCTION pylease_history_rows(lease text, since timestamptz, max_rows integer)
+RETURNS TABLE(at timestamptz, name text, event text, holder text, fence bigint, previous_holder text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000 THEN
+        RAISE EXCEPTION 'pylease: max_rows must be between 1 and 10000'
+            USING ERRCODE = '22023', COLUMN = 'max_rows';
+    END IF;
+    IF lease IS NULL THEN
+        RETURN QUERY
+        SELECT e.at, e.name, e.event, e.holder, e.fence, e.previous_holder
+          FROM pylease_events AS e
+         WHERE e.at >= coalesce(pylease_history_rows.since, '-infinity')
+         ORDER BY e.at DESC, e.id DESC
+         LIMIT pylease_history_rows.max_rows;
+    ELSE
+        PERFORM pylease_check_key('name', lease);
+        RETURN QUERY
+        SELECT e.at, e.name, e.event, e.holder, e.fence, e.previous_holder
+          FROM pylease_events AS e
+         WHERE e.name = lease AND e.at >= coalesce(pylease_history_rows.since, '-infinity')
+         ORDER BY e.at DESC, e.id DESC
+         LIMIT pylease_history_rows.max_rows;
+    END IF;
+END
+$$;
+
+-- Events newest first (ties: the later recorded first), of one name or all,
+-- since a moment (inclusive), at most max_rows (1 to 10000).
+CREATE FUNCTION lease_history(name text DEFAULT NULL, since timestamptz DEFAULT NULL,
+                              max_rows integer DEFAULT 100)
+RETURNS TABLE(at timestamptz, name text, event text, holder text, fence bigint, previous_holder text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT * FROM pylease_history_rows($1, $2, $3);
+$$;
+
+-- Delete the events older than older_than; how many were deleted.
+CREATE FUNCTION lease_prune_history(older_than interval) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    deleted bigint;
+BEGIN
+    PERFORM pylease_check_span('older_than', lease_prune_history.older_than);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_prune_history');
+    END IF;
+    DELETE FROM pylease_events AS e
+     WHERE e.at < clock_timestamp() - lease_prune_history.older_than;
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
 $$;
 
 COMMENT ON FUNCTION lease_claim(text, interval, text) IS
@@ -524,17 +684,28 @@ COMMENT ON FUNCTION lease_steal(text, interval, text, interval) IS
 COMMENT ON FUNCTION lease_holds(text, text, bigint) IS
     'pylease: true iff the unexpired lease is held by this holder with this fence; locks the row FOR KEY SHARE against every grant.';
 COMMENT ON FUNCTION lease_status(text) IS
-    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released.';
+    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released; state is held, resting, released or expired.';
+COMMENT ON FUNCTION lease_counters(text) IS
+    'pylease: per lease name, how many grants, takeovers, steals and releases there were.';
+COMMENT ON FUNCTION lease_history(text, timestamptz, integer) IS
+    'pylease: recorded events (pylease.history), newest first, since a moment, at most max_rows.';
+COMMENT ON FUNCTION lease_prune_history(interval) IS
+    'pylease: delete the events older than older_than; returns how many.';
 
 -- Privileges ------------------------------------------------------------------
 
 REVOKE ALL ON TABLE pylease_leases FROM PUBLIC;
+REVOKE ALL ON TABLE pylease_events FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_key(text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_ttl(text, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_span(text, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_batch(text[], text[], interval[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_refuse_standby(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_refuse_history(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_history_rows(text, timestamptz, integer) FROM PUBLIC;
 -- Stealing breaks somebody's lease: an operator grants it to the roles that may.
 REVOKE EXECUTE ON FUNCTION lease_steal(text, interval, text, interval) FROM PUBLIC;
+-- Pruning destroys the record: an operator grants it to the roles that may.
+REVOKE EXECUTE ON FUNCTION lease_prune_history(interval) FROM PUBLIC;
 
 COMMIT;
