@@ -32,6 +32,7 @@ from psycopg.pq import TransactionStatus
 
 from pylease import dsn as dsn_mod
 from pylease._backend import Backend
+from pylease._orm import adapt
 from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 from pylease.postgres import PostgresBackend, wrap_errors
 
@@ -446,6 +447,7 @@ def check_url(url: str, parameter: str) -> None:
 
 def source_for(target: object, parameter: str = "target") -> tuple[Source, str | None]:
     """The renewal source of a target, and the conninfo to LISTEN with (None: cannot)."""
+    target = adapt(target, parameter)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     pool_cls = _pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
@@ -491,6 +493,7 @@ def _sync_pool_types() -> tuple[type[Any], ...]:
 
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
+    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is not None:
             source, _listen = source_for(heartbeat_target, "heartbeat_target")
@@ -515,6 +518,7 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     same parameters (password included, see :func:`connection_conninfo`), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
+    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is None:

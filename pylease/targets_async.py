@@ -19,6 +19,7 @@ import psycopg
 
 from pylease import dsn as dsn_mod
 from pylease._backend import AsyncBackend
+from pylease._orm import adapt
 from pylease.errors import DatabaseUnavailable, InvalidArgument
 from pylease.postgres import AsyncPostgresBackend, wrap_errors
 from pylease.targets import (
@@ -313,6 +314,7 @@ def _async_pool_class() -> type[Any] | None:
 
 def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, str | None]:
     """The renewal source of an async target, and the conninfo to LISTEN with."""
+    target = adapt(target, parameter)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     pool_cls = _async_pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
@@ -334,6 +336,7 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
 
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
+    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if isinstance(target, psycopg.AsyncConnection):
         if heartbeat_target is not None:
             source, _listen = source_for(heartbeat_target, "heartbeat_target")
@@ -353,6 +356,7 @@ def check(target: object, heartbeat_target: object = None) -> None:
 
 def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
     """The :class:`AsyncLink` for a target of the asynchronous API (see ``targets.link``)."""
+    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, psycopg.AsyncConnection):
         if heartbeat_target is None:
