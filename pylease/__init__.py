@@ -9,6 +9,7 @@ from pylease.errors import (
     PyleaseError,
     SchemaMissing,
 )
+from pylease.exclusive import exclusive
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
 from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
 
@@ -28,6 +29,7 @@ __all__ = [
     "akeep_fresh",
     "alease",
     "arun_exclusive",
+    "exclusive",
     "keep_fresh",
     "lease",
     "run_exclusive",
