@@ -12,6 +12,7 @@ from pylease.errors import (
 from pylease.exclusive import exclusive
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
 from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
+from pylease.schema import schema_sql
 
 __version__ = "0.1.0"
 
@@ -33,4 +34,5 @@ __all__ = [
     "keep_fresh",
     "lease",
     "run_exclusive",
+    "schema_sql",
 ]
