@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from celery import Celery
-from celery.signals import task_postrun, worker_ready
+from celery.signals import beat_init, task_postrun, worker_ready
 
 from pylease import exclusive
 
@@ -60,3 +60,9 @@ def _delivered(task: Any = None, args: Any = None, retval: Any = None, **_kw: An
 @worker_ready.connect
 def _ready(**_kw: Any) -> None:
     _witness("INSERT INTO integ_ready (pid) VALUES (%s)", (os.getpid(),))
+
+
+@beat_init.connect
+def _beat_started(**_kw: Any) -> None:
+    """A beat started: with `pylease leader`, only ever one at a time."""
+    _witness("INSERT INTO integ_beats (pid, ppid) VALUES (%s, %s)", (os.getpid(), os.getppid()))

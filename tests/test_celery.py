@@ -148,3 +148,80 @@ def test_a_burst_of_one_scheduled_task_runs_once_per_slot(worker: Any, conn: Con
     assert pids == (2,), "both worker processes took messages"
     fences = conn.execute("SELECT fence FROM pylease_leases WHERE name = 'digest'").fetchone()
     assert fences == (SLOTS,)  # one grant per slot, no more
+
+
+def _cli_has(command: str) -> bool:
+    import typer.main
+
+    from pylease import cli
+
+    return command in typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(
+    not _cli_has("leader"), reason="needs `pylease leader`, from leader", strict=True
+)
+def test_beat_under_pylease_leader_runs_on_one_host_at_a_time(
+    dsn: str, conn: Conn, redis_server: str, tmp_path: Path
+) -> None:
+    conn.execute("CREATE TABLE integ_beats (pid int, ppid int, at timestamptz DEFAULT now())")
+    prefix = f"integ-{uuid.uuid4().hex[:10]}"
+    env = {
+        **os.environ,
+        "INTEG_CELERY_DSN": dsn,
+        "INTEG_CELERY_BROKER": redis_server,
+        "INTEG_CELERY_PREFIX": prefix,
+    }
+    hosts = [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("pylease")),
+                "leader",
+                "integ-beat",
+                "--ttl",
+                "5s",
+                "--quiet",
+                "--dsn",
+                dsn,
+                "--",
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.celery_app",
+                "beat",
+                "--loglevel=WARNING",
+                "-s",
+                str(tmp_path / f"schedule-{n}"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for n in range(2)
+    ]
+    try:
+        wait_for(conn, "SELECT count(*) FROM integ_beats", (1,), "no beat started", within=60)
+        time.sleep(3)  # the standby does not start a second beat meanwhile
+        assert conn.execute("SELECT count(*) FROM integ_beats").fetchone() == (1,)
+        first = conn.execute("SELECT ppid FROM integ_beats").fetchone()
+        assert first is not None
+        leader = next(h for h in hosts if h.pid == first[0])
+        leader.send_signal(signal.SIGTERM)  # a deploy stops this host: beat stops, it resigns
+        leader.wait(30)
+        wait_for(conn, "SELECT count(*) FROM integ_beats", (2,), "the standby never took over")
+        rows = conn.execute("SELECT ppid FROM integ_beats ORDER BY at").fetchall()
+        standby = next(h for h in hosts if h is not leader)
+        assert [r[0] for r in rows] == [leader.pid, standby.pid]
+        assert standby.poll() is None  # the new leader runs beat
+    finally:
+        for host in hosts:
+            if host.poll() is None:
+                host.send_signal(signal.SIGTERM)
+        for host in hosts:
+            try:
+                host.wait(30)
+            except subprocess.TimeoutExpired:
+                host.kill()
+                host.wait()
