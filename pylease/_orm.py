@@ -114,6 +114,12 @@ def _check_dialect(dialect: Any, parameter: str) -> None:
 def _django(target: Any, parameter: str) -> object:
     # django.db.connection is a proxy to the calling thread's DatabaseWrapper.
     vendor = getattr(target, "vendor", None)
+    if vendor is None or not hasattr(target, "ensure_connection"):
+        raise InvalidArgument(
+            f"pylease: {parameter} cannot be {type(target).__name__}: expected a Django "
+            "database connection (django.db.connection, connections[alias])",
+            parameter=parameter,
+        )
     if vendor != "postgresql":
         raise InvalidArgument(
             f"pylease: {parameter} is a Django {vendor} connection: pylease needs PostgreSQL "

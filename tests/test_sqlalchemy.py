@@ -113,6 +113,16 @@ def test_the_heartbeat_runs_on_its_own_connection(engine: Any, conn: Conn) -> No
         sa_conn.rollback()
 
 
+def test_an_engine_as_the_heartbeat_target_of_a_connection(engine: Any, conn: Conn) -> None:
+    with engine.connect() as sa_conn:
+        with lease(sa_conn, "renewed-via-engine", ttl=1, heartbeat_target=engine) as held:
+            sa_conn.execute(text("SELECT pg_sleep(2)"))
+            held.check()
+        sa_conn.rollback()
+    row = status(conn, "renewed-via-engine")
+    assert row is not None and row["renewed_at"] > row["acquired_at"] and not row["held"]
+
+
 def test_sqlalchemy_urls_are_targets(dsn: str, conn: Conn) -> None:
     url = sa_url(dsn).render_as_string(hide_password=False)
     assert url.startswith("postgresql+psycopg://")
@@ -126,6 +136,8 @@ def test_what_pylease_cannot_use_is_refused_without_echoing_secrets() -> None:
     sqlite_engine = sa.create_engine("sqlite://")
     with pytest.raises(InvalidArgument, match="sqlite"):
         lease(sqlite_engine, "x", ttl=5)
+    with pytest.raises(InvalidArgument, match="MetaData"):
+        lease(sa.MetaData(), "x", ttl=5)
 
 
 def test_exclusive_with_an_engine(engine: Any, conn: Conn) -> None:
