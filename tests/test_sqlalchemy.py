@@ -254,3 +254,72 @@ def test_schema_sql_for_upgrades_and_bad_arguments() -> None:
     for bad in ("", "x$pylease$y", "s" * 64):
         with pytest.raises(InvalidArgument):
             schema_sql(bad)
+
+
+ALEMBIC_ENV = """
+from alembic import context
+from sqlalchemy import create_engine
+
+engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+with engine.connect() as connection:
+    context.configure(connection=connection, target_metadata=None)
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()
+"""
+
+# The revision docs/integrations.md shows, and one after it that fails: Alembic's
+# transaction then rolls back both (PostgreSQL DDL is transactional).
+ALEMBIC_REVISIONS = {
+    "a1_install_pylease.py": """
+from alembic import op
+
+import pylease
+
+revision = "a1"
+down_revision = None
+
+
+def upgrade() -> None:
+    op.execute(pylease.schema_sql())
+""",
+    "a2_broken.py": """
+from alembic import op
+
+revision = "a2"
+down_revision = "a1"
+
+
+def upgrade() -> None:
+    op.execute("SELECT no_such_function()")
+""",
+}
+
+
+def test_an_alembic_revision_installs_pylease(empty_dsn: str, tmp_path: Any) -> None:
+    alembic_command = pytest.importorskip("alembic.command", reason="alembic is not installed")
+    from alembic.config import Config
+
+    (tmp_path / "env.py").write_text(ALEMBIC_ENV)
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    for name, text_ in ALEMBIC_REVISIONS.items():
+        (versions / name).write_text(text_)
+    config = Config()
+    config.set_main_option("script_location", str(tmp_path))
+    config.set_main_option(
+        "sqlalchemy.url", sa_url(empty_dsn).render_as_string(hide_password=False)
+    )
+    with pytest.raises(sa.exc.ProgrammingError, match="no_such_function"):
+        alembic_command.upgrade(config, "head")
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert c.execute("SELECT to_regclass('pylease_leases')").fetchone() == (None,)
+    (versions / "a2_broken.py").unlink()
+    alembic_command.upgrade(config, "head")
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert c.execute("SELECT version_num FROM alembic_version").fetchone() == ("a1",)
+        assert c.execute(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE '%%yoyo%%'"
+        ).fetchone() == (0,)
+        with lease(c, "installed-by-alembic", ttl=30) as held:
+            assert held.fence == 1
