@@ -40,6 +40,8 @@ need faketime have faketime
 need libfaketime have_file /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1
 # The README's SQLite-from-the-shell example.
 need sqlite3 have sqlite3
+# tests/test_celery.py uses the Redis on 127.0.0.1:6379 as broker, started there if absent.
+need redis-server have redis-server
 
 if [ ${#missing[@]} -gt 0 ]; then
     command="apt-get install -y ${missing[*]}"
