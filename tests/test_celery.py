@@ -99,10 +99,19 @@ def worker(dsn: str, conn: Conn, redis_server: str) -> Iterator[Any]:
     )  # fmt: skip
     try:
         wait_for(conn, "SELECT count(*) FROM integ_ready", (1,), "worker not ready", within=60)
-        os.environ.update({k: env[k] for k in env if k.startswith("INTEG_CELERY_")})
+        saved = {k: os.environ.get(k) for k in env if k.startswith("INTEG_CELERY_")}
+        os.environ.update({k: env[k] for k in saved})
+        import importlib
+
         from tests import celery_app
 
-        yield celery_app
+        # Read the environment anew: a module imported by an earlier test has another DSN.
+        yield importlib.reload(celery_app)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -159,7 +168,7 @@ def _cli_has(command: str) -> bool:
 
 
 @pytest.mark.xfail(
-    not _cli_has("leader"), reason="needs `pylease leader`, from leader", strict=True
+    not _cli_has("leader"), reason="needs `pylease leader`, from leader", strict=True, run=False
 )
 def test_beat_under_pylease_leader_runs_on_one_host_at_a_time(
     dsn: str, conn: Conn, redis_server: str, tmp_path: Path

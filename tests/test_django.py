@@ -35,9 +35,13 @@ def databases(pg_admin_dsn: str) -> Iterator[dict[str, str]]:
         alias: f"integ_django_{alias}_{uuid.uuid4().hex[:8]}" for alias in ("default", "other")
     }
     urls = {alias: _create_db(pg_admin_dsn, name) for alias, name in names.items()}
-    os.environ["INTEG_DJANGO_DEFAULT_DSN"] = urls["default"]
-    os.environ["INTEG_DJANGO_OTHER_DSN"] = urls["other"]
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django_settings"
+    env = {
+        "INTEG_DJANGO_DEFAULT_DSN": urls["default"],
+        "INTEG_DJANGO_OTHER_DSN": urls["other"],
+        "DJANGO_SETTINGS_MODULE": "tests.django_settings",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     django.setup()
     from django.core.management import call_command
     from django.db import connections
@@ -49,6 +53,11 @@ def databases(pg_admin_dsn: str) -> Iterator[dict[str, str]]:
         connections.close_all()
         for name in names.values():
             _drop_db(pg_admin_dsn, name)
+        for key, value in saved.items():  # later tests' subprocesses must not inherit them
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture
