@@ -13,6 +13,8 @@ rules of that target hold unchanged:
   is idle (a claim made inside ``engine.begin()`` or ``transaction.atomic()`` after a
   statement runs on a connection of pylease's own, so it survives the rollback), and
   renewals always run on a second connection;
+- in a running event loop (an async view), where Django's connections may not be
+  touched, a Django connection becomes the conninfo of its settings: like a URL;
 - a ``postgresql+psycopg://`` URL (SQLAlchemy's spelling) becomes ``postgresql://``.
 
 Neither SQLAlchemy nor Django is imported here: a target is recognised by the module
@@ -21,6 +23,7 @@ its class comes from, so the core never requires either.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -126,9 +129,24 @@ def _django(target: Any, parameter: str) -> object:
             "(django.db.backends.postgresql over psycopg 3)",
             parameter=parameter,
         )
+    if _in_event_loop():
+        # Django's connections are synchronous (touching one here raises
+        # SynchronousOnlyOperation): pylease reaches the database by its settings, on
+        # connections of its own, as for a URL.
+        cparams = target.get_connection_params()
+        params = {k: v for k, v in cparams.items() if k not in _NOT_CONNINFO and v is not None}
+        return pg_conninfo.make_conninfo("", **params)
     # Opens the connection if Django has not yet (or closed it at the end of a request).
     target.ensure_connection()
     return _psycopg(target.connection, "Django", parameter)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _psycopg(conn: object, framework: str, parameter: str) -> object:

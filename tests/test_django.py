@@ -207,3 +207,21 @@ def test_the_management_command_prints_history(db: Conn) -> None:
     out = StringIO()
     call_command("pylease", "history", "h", stdout=out)
     assert "taken_over" in out.getvalue()
+
+
+async def test_alease_on_a_django_connection_in_async_code(db: Conn) -> None:
+    """In an async view Django's connection may not be touched: pylease reaches the
+    database through its settings, on connections of its own."""
+    from django.db import connection
+
+    from pylease import alease
+
+    async with alease(connection, "from-async-view", ttl=30) as held:
+        row = status(db, "from-async-view")
+        assert row is not None and row["held"] and row["holder"] == held.holder
+
+    @exclusive(connection, "async-report-{day}", ttl=30)
+    async def report(day: str) -> str:
+        return day
+
+    assert await report("2026-12-01") == "2026-12-01"
