@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-lint: venv
-	$(BIN)/ruff check pylease tests scripts
-	$(BIN)/ruff format --check pylease tests scripts
+lint: venv generate-check
+	$(BIN)/ruff check pylease tests scripts tools
+	$(BIN)/ruff format --check pylease tests scripts tools
 
 # The sync lease modules are generated from their async sources (tools/async_to_sync.py):
 # `make generate` rewrites them, `make generate-check` fails on a stale or hand-edited one.
@@ -62,7 +62,7 @@ demo: venv
 	$(DEMO_RUN) A & a=$$!; $(DEMO_RUN) B & b=$$!; \
 	wait $$a; ra=$$?; wait $$b; rb=$$?; \
 	echo "== exit codes: A=$$ra B=$$rb (0: ran; 1: busy, skipped)"; \
-	echo "== pylease status"; $(BIN)/pylease status; \
+	echo "== pylease status demo-report"; $(BIN)/pylease status demo-report; \
 	test $$((ra + rb)) -eq 1
 
 # `make bench`: pylease against its floors and its peers, side by side (benchmarks/,

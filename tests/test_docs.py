@@ -40,15 +40,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PAGES = [
-    pytest.param(
-        ROOT / "README.md",
-        marks=pytest.mark.xfail(
-            strict=True, reason="the README is rewritten for the runner next (adopt)"
-        ),
-    ),
-    *sorted((ROOT / "docs").rglob("*.md")),
-]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 RUN = {"python", "console", "sql", "psql", "bash", "sh"}
 PARSED = {"yaml", "yml", "json", "toml", "ini"}
@@ -467,9 +459,7 @@ def _drop_roles(admin: str, roles: list[str]) -> None:
             )
 
 
-@pytest.mark.parametrize(
-    "path", PAGES, ids=lambda p: str(p.relative_to(ROOT)) if isinstance(p, Path) else ""
-)
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_example_runs(
     path: Path,
     pg_admin_dsn: str,
@@ -550,3 +540,40 @@ def test_python_output_is_checked(
     world = World(fresh_db(pg_template), tmp_path / "home")
     with pytest.raises(AssertionError, match=r"python.md:17: the Python block above printed"):
         run_page(parse(page_file), world)
+
+
+def _world(tmp_path: Path) -> World:
+    """A world for blocks that need no database (console and shell only)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return World("host=127.0.0.1 port=5432 user=postgres dbname=pylease_no_db", home)
+
+
+def test_console_blocks_share_a_shell_and_see_the_last_status(tmp_path: Path) -> None:
+    page_file = tmp_path / "console.md"
+    page_file.write_text(
+        "```console\n$ x=41; false\n$ echo $? $((x + 1)) $PYLEASE_DSN\n"
+        "1 42 postgresql://postgres@127.0.0.1:5432/pylease_no_db\n"
+        "$ cat <<'EOF'\n> two\n> lines\n> EOF\ntwo\nlines\n$ echo a \\\n  b\na b\n```\n"
+    )
+    run_page(parse(page_file), _world(tmp_path))
+
+
+def test_untagged_and_unknown_blocks_fail(tmp_path: Path) -> None:
+    for fence in ("```\necho hi\n```\n", "```cron\n* * * * * x\n```\n"):
+        page_file = tmp_path / "bad.md"
+        page_file.write_text(fence)
+        with pytest.raises(AssertionError, match="code block tagged"):
+            (tmp_path / str(len(fence))).mkdir()
+            run_page(parse(page_file), _world(tmp_path / str(len(fence))))
+
+
+def test_saved_files_are_syntax_checked_and_yaml_is_parsed(tmp_path: Path) -> None:
+    page_file = tmp_path / "files.md"
+    page_file.write_text("<!-- docs-test: file x.sh -->\n```bash\nif then fi\n```\n")
+    with pytest.raises(AssertionError, match="syntax error"):
+        run_page(parse(page_file), _world(tmp_path))
+    page_file.write_text("```yaml\na: [1, 2\n```\n")
+    (tmp_path / "2").mkdir()
+    with pytest.raises(AssertionError, match="not valid yaml"):
+        run_page(parse(page_file), _world(tmp_path / "2"))
