@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pylease import InvalidArgument, LeaseBusy, SchemaMissing, exclusive, lease
-from tests.helpers_lease import claim, status
+from pylease import InvalidArgument, LeaseBusy, LeaseLost, SchemaMissing, exclusive, lease
+from tests.helpers_lease import claim, status, steal
 
 Conn = psycopg.Connection[Any]
 
@@ -155,6 +155,19 @@ def test_a_failing_body_raises_and_releases(dsn: str, conn: Conn) -> None:
         fails()
     row = status(conn, "fails")
     assert row is not None and not row["held"]
+
+
+def test_a_lease_lost_while_the_function_ran_raises_lease_lost(dsn: str, conn: Conn) -> None:
+    """The work ran unprotected: that is never reported as a plain return."""
+
+    @exclusive(dsn, "stolen", ttl=30)
+    def work() -> str:
+        assert steal(conn, "stolen") is not None
+        return "done"
+
+    with pytest.raises(LeaseLost) as info:
+        work()
+    assert info.value.name == "stolen"
 
 
 def test_a_broken_deployment_raises_never_returns_none(empty_dsn: str) -> None:
