@@ -242,6 +242,33 @@ def test_schema_sql_installs_what_migrate_installs(fresh_db: Any, schema: str) -
             assert held.fence >= 1
 
 
+def test_schema_sql_after_each_migration_upgrades_to_what_migrate_installs(
+    fresh_db: Any,
+) -> None:
+    """An Alembic project that installed pylease at migration k, upgraded with
+    schema_sql(after=k), has what `pylease migrate` installs. (With one migration
+    released there is no upgrade yet; each later one adds a case.)"""
+    from pylease._resources import data_dir
+
+    by_migrate = fresh_db()
+    migrate(by_migrate, "public", say=lambda _line: None)
+    ids = migration_ids()
+    for k, installed in enumerate(ids[:-1]):
+        url = fresh_db()
+        eng = sa.create_engine(sa_url(url))
+        try:
+            with eng.begin() as sa_conn:  # the project's first revision, at migration k
+                sa_conn.execute(text("SET LOCAL search_path = public, pg_temp"))
+                for earlier in ids[: k + 1]:
+                    path = data_dir("migrations", "postgres") / f"{earlier}.sql"
+                    sa_conn.execute(text(path.read_text()))
+            with eng.begin() as sa_conn:  # the upgrade revision
+                sa_conn.execute(text(schema_sql(after=installed)))
+        finally:
+            eng.dispose()
+        assert catalog(url, "public") == catalog(by_migrate, "public"), installed
+
+
 def test_schema_sql_for_upgrades_and_bad_arguments() -> None:
     ids = migration_ids()
     assert ids[0] == "pylease-0001-leases" and ids == sorted(ids)
