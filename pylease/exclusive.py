@@ -89,7 +89,7 @@ def exclusive(
         connection. It is used at call time, never at decoration.
     :param name: the lease name, or a template formatted with the call's arguments
         by name, defaults included (``"tenant-{tenant.id}"``); ``{{`` is a literal brace.
-    :param ttl: how long the lease outlives its last renewal (timedelta, seconds, "5m").
+    :param ttl: how long the lease outlives its last renewal, as for :func:`pylease.lease`.
     :param busy: ``"return"`` (default): a busy lease returns None without calling the
         function; ``"raise"``: it raises :class:`LeaseBusy`.
     :param lease_options: ``holder``, ``wait``, ``heartbeat``, ``on_lost``, ``min_hold``,

@@ -21,7 +21,7 @@ def report(day: date, *, kind: str = "daily") -> int:
     return day.day
 
 
-@exclusive(DSN, "report-{day}", ttl="5m", busy="raise", min_hold=30)
+@exclusive(DSN, "report-{day}", ttl=300, busy="raise", min_hold=30)
 def report_or_raise(day: date) -> int:
     return day.day
 
