@@ -6,7 +6,7 @@ rules of that target hold unchanged:
 
 - a SQLAlchemy ``Engine`` or ``AsyncEngine`` (over psycopg 3) becomes the conninfo of
   its URL: like a URL target, every claim, renewal and release runs on connections of
-  pylease's own;
+  pylease's own; so does an ORM ``Session`` or ``AsyncSession``, through its engine;
 - a SQLAlchemy ``Connection`` or ``AsyncConnection`` becomes the psycopg connection it
   wraps, and Django's ``connection`` (or ``connections["alias"]``) the psycopg 3
   connection it wraps: like a psycopg connection, it is used for the claim only while it
@@ -73,8 +73,15 @@ def _sqlalchemy_url(url: str, parameter: str) -> str:
 
 def _sqlalchemy(target: Any, parameter: str) -> object:
     from sqlalchemy.engine import Connection, Engine
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+    from sqlalchemy.orm import Session
 
+    if isinstance(target, AsyncSession):
+        target = target.sync_session
+    if isinstance(target, Session):
+        # Its engine, not its connection: asking for that would begin the session's
+        # transaction, and the claim is never part of it anyway.
+        target = target.get_bind()
     if isinstance(target, AsyncEngine):
         target = target.sync_engine
     if isinstance(target, Engine):
@@ -100,7 +107,7 @@ def _sqlalchemy(target: Any, parameter: str) -> object:
         return _psycopg(target.connection.driver_connection, "SQLAlchemy", parameter)
     raise InvalidArgument(
         f"pylease: {parameter} cannot be {type(target).__name__}: expected a SQLAlchemy "
-        "Engine, AsyncEngine, Connection or AsyncConnection",
+        "Engine, Connection or Session (or their async twins)",
         parameter=parameter,
     )
 

@@ -123,6 +123,27 @@ def test_an_engine_as_the_heartbeat_target_of_a_connection(engine: Any, conn: Co
     assert row is not None and row["renewed_at"] > row["acquired_at"] and not row["held"]
 
 
+def test_a_session_is_a_target_through_its_engine(engine: Any, conn: Conn) -> None:
+    from sqlalchemy.orm import Session
+
+    conn.execute("CREATE TABLE integ_work (n int)")
+    with Session(engine) as session:
+        session.execute(text("INSERT INTO integ_work VALUES (1)"))
+        with lease(session, "from-a-session", ttl=30) as held:
+            session.rollback()
+            row = status(conn, "from-a-session")
+            assert row is not None and row["held"] and row["holder"] == held.holder
+    assert conn.execute("SELECT count(*) FROM integ_work").fetchone() == (0,)
+
+
+async def test_an_async_session_is_a_target(aengine: Any, conn: Conn) -> None:
+    async with sa_async.AsyncSession(aengine) as session:
+        await session.execute(text("SELECT 1"))
+        async with alease(session, "from-an-async-session", ttl=30) as held:
+            row = status(conn, "from-an-async-session")
+            assert row is not None and row["held"] and row["holder"] == held.holder
+
+
 def test_sqlalchemy_urls_are_targets(dsn: str, conn: Conn) -> None:
     url = sa_url(dsn).render_as_string(hide_password=False)
     assert url.startswith("postgresql+psycopg://")
