@@ -242,7 +242,9 @@ def test_a_waiter_on_a_multi_host_dsn_rides_out_a_failover(sync_pair: Pair) -> N
 # The cancelled wait: the one hole of synchronous replication ------------------------
 
 
-def _cancel_during_sync_wait(pair: Pair, statement: Any) -> tuple[Any, list[Any]]:
+def _cancel_during_sync_wait(
+    pair: Pair, statement: Any, how: str = "pg_cancel_backend"
+) -> tuple[Any, list[Any]]:
     """Run ``statement(conn)`` on the primary with the walreceiver cut, cancel its
     commit's wait for the standby, and return what it returned (or raised) and the
     notices the server sent."""
@@ -274,7 +276,7 @@ def _cancel_during_sync_wait(pair: Pair, statement: Any) -> tuple[Any, list[Any]
             ),
             what="the commit to wait for the standby",
         )
-        pair.primary.query("SELECT pg_cancel_backend(%s)", (pid,))
+        pair.primary.query(f"SELECT {how}(%s)", (pid,))
         worker.join(BOUND)
         assert not worker.is_alive()
     finally:
@@ -324,6 +326,15 @@ def test_a_cancelled_sync_wait_is_a_failed_write_in_pylease(sync_pair: Pair, op:
     # Never success: the keeper retries a renewal that raises, until the lease's deadline.
     assert isinstance(result, DatabaseUnavailable), result
     assert "synchronous" in str(result)
+
+
+def test_a_terminated_sync_wait_is_an_error_not_a_success(sync_pair: Pair) -> None:
+    result, _notices = _cancel_during_sync_wait(
+        sync_pair,
+        lambda conn: PostgresBackend(conn).claim("job", HOUR, "first"),
+        how="pg_terminate_backend",
+    )
+    assert isinstance(result, DatabaseUnavailable), result
 
 
 # Asynchronous replication -------------------------------------------------------------
