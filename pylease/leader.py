@@ -1,0 +1,544 @@
+"""Leader election on a lease row: :func:`leader`, :func:`run_as_leader`, who leads now.
+
+A leader is the holder of one lease; its term is the :class:`~pylease.Held` of that
+lease, the term number its fence. Nothing here is a second lease machine: a term is an
+:func:`~pylease.alease` (claimed, kept fresh by the process's keeper, released), and a
+standby is a waiter that LISTENs for the release and reads the row at its expiry.
+
+How a change of leader is seen (``watch_leader``, ``on_new_leader``): a release
+sends ``NOTIFY pylease`` (the SQL API does that already), so a resignation wakes
+every watcher at once; a new grant sends nothing, so that a claim stays one cheap
+statement. A watcher therefore reads the row (one ``lease_status`` call) when
+notified, at the leader's expiry, every ``poll_interval`` (a steal), and, after it saw
+nobody lead, again and again at 10 ms, 20 ms, 40 ms, ... (a standby usually takes over
+within milliseconds of a release). ``docs/leader-election.md`` has the numbers.
+
+The async module (``leader_async.py``) is the source of the sync one (``leader.py``);
+differences live in ``if True:  # ASYNC`` blocks.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from types import FrameType, TracebackType
+from typing import Any
+
+from pylease import _validate
+from pylease._backend import LeaseRow
+from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
+from pylease.leasing import Held, Lease, callable_option, default_holder, lease, next_pause
+from pylease.targets import Link, Listener, ListenerLost, link
+from pylease.targets import check as check_target
+
+# Seconds between reads of the row when nothing wakes a watcher first (a steal, or a
+# grant after a long vacancy, is seen this late at worst).
+POLL = 1.0
+# SQLite has no NOTIFY: a standby there reads the row this often.
+SQLITE_POLL = 0.05
+# After a vacancy, a grant usually follows within milliseconds: look again soon.
+FIRST_RECHECK = 0.01
+# A thread's stop event is looked at this often while waiting (sync only).
+STOP_SLICE = 0.2
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+Callback = Callable[[Any], object]
+
+
+def leading(rows: list[LeaseRow]) -> LeaseRow | None:
+    """The row of a lease whose state is ``held``, from ``status()`` rows; else None."""
+    for row in rows:
+        state = getattr(row, "state", None)
+        if row.held if state is None else state == "held":
+            return row
+    return None
+
+
+def same_leader(a: LeaseRow | None, b: LeaseRow | None) -> bool:
+    """True when both name one term (holder and fence); a renewal changes neither."""
+    if a is None or b is None:
+        return a is b
+    return (a.holder, a.fence) == (b.holder, b.fence)
+
+
+def wait_seconds(wait: object) -> float:
+    """``wait`` as seconds; None, ``math.inf`` and ``"forever"`` wait without a deadline."""
+    if wait is None or wait == "forever":
+        return math.inf
+    if isinstance(wait, float) and math.isinf(wait) and wait > 0:
+        return math.inf
+    return _validate.span("wait", wait).total_seconds()
+
+
+def poll_seconds(poll_interval: object) -> float | None:
+    if poll_interval is None:
+        return None
+    return _validate.ttl(poll_interval, "poll_interval").total_seconds()
+
+
+def call(callback: Callback | None, argument: object) -> None:
+    """Call a callback that may be a plain function or a coroutine function."""
+    if callback is None:
+        return
+    callback(argument)
+
+
+class Stop:
+    """What ends a campaign: the caller's ``stop`` event, or a signal (main thread only)."""
+
+    def __init__(self, event: threading.Event | None) -> None:
+        self.event = event
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        self.interruptible = False
+
+    def is_set(self) -> bool:
+        if self.signum is not None:
+            return True
+        return self.event is not None and self.event.is_set()
+
+    def install(self) -> None:
+        """In the main thread, SIGTERM and SIGINT end the campaign instead of the process."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        """Put the previous handlers back; then let the signal that stopped us act on them."""
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if self.signum is not None and previous:
+            # Resigned: now the process does what it would have done (exit, by default).
+            signal.raise_signal(self.signum)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        first = self.signum is None
+        self.signum = signum
+        if first and self.interruptible:
+            raise Shutdown(signum)
+
+    def wait(self, timeout: float, listener: Listener | None, name: str) -> None:
+        """Sleep up to ``timeout``: woken early by a release of ``name`` or by the stop."""
+        end = time.monotonic() + timeout
+        self.interruptible = True
+        try:
+            while not self.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                step = left if self.event is None else min(left, STOP_SLICE)
+                if listener is None:
+                    time.sleep(step)
+                elif listener.wait(name, step):
+                    return
+        finally:
+            self.interruptible = False
+
+
+class Shutdown(BaseException):
+    """SIGTERM or SIGINT arrived while a sync campaign or work was interruptible."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class Watch:
+    """Reads the leader's row, and sleeps until it is worth reading again."""
+
+    def __init__(self, target: object, name: str, poll_interval: float | None) -> None:
+        self.name = name
+        self.link: Link = link(target)
+        self.listener: Listener | None = None
+        self.poll = poll_interval or (SQLITE_POLL if self.link.sqlite else POLL)
+        self._recheck = FIRST_RECHECK
+
+    def listen(self) -> None:
+        if not self.link.sqlite and self.listener is None:
+            self.listener = self.link.listen(self.name)
+
+    def read(self) -> LeaseRow | None:
+        name = self.name
+        rows = self.link.run(lambda b: b.status(name), name=name, retry=True)
+        return leading(rows)
+
+    def pause(self, row: LeaseRow | None, stop: Stop, deadline: float) -> None:
+        """Wait for the next reason to read: a notification, the expiry, a poll, the stop."""
+        left = deadline - time.monotonic()
+        if row is None:
+            pause = min(self._recheck, self.poll, left)
+            self._recheck = min(self._recheck * 2, self.poll)
+        else:
+            self._recheck = FIRST_RECHECK
+            pause = next_pause(row.expires_at, self.poll, left, FIRST_RECHECK)
+        try:
+            stop.wait(max(pause, 0.0), self.listener, self.name)
+        except ListenerLost:
+            self.listener = None  # polling from now on
+
+    def close(self) -> None:
+        listener, self.listener = self.listener, None
+        try:
+            if listener is not None:
+                listener.close()
+        finally:
+            self.link.close()
+
+
+class Observer:
+    """Calls ``on_new_leader`` once for every change of leader it is shown."""
+
+    def __init__(self, on_new_leader: Callback | None) -> None:
+        self.on_new_leader = on_new_leader
+        self.last: LeaseRow | None = None
+        self.seen = False
+
+    def see(self, row: LeaseRow | None) -> None:
+        if self.seen and same_leader(self.last, row):
+            return
+        self.seen, self.last = True, row
+        call(self.on_new_leader, row)
+
+
+class Campaign:
+    """The validated arguments of one candidate."""
+
+    def __init__(
+        self,
+        target: object,
+        name: str,
+        ttl: object,
+        *,
+        holder: str | None,
+        wait: object,
+        on_lost: Callback | None,
+        heartbeat_target: object,
+        poll_interval: object,
+        cancel_on_lost: bool,
+    ) -> None:
+        self.target = target
+        self.name = _validate.key("name", name)
+        self.ttl = _validate.ttl(ttl)
+        self.holder = None if holder is None else _validate.key("holder", holder)
+        self.wait = wait_seconds(wait)
+        self.poll_interval = poll_seconds(poll_interval)
+        callable_option("on_lost", on_lost)
+        self.on_lost = on_lost
+        self.heartbeat_target = heartbeat_target
+        if not isinstance(cancel_on_lost, bool):
+            raise InvalidArgument(
+                "pylease: cancel_on_lost must be True or False", parameter="cancel_on_lost"
+            )
+        self.cancel_on_lost = cancel_on_lost
+        check_target(target, heartbeat_target)
+
+    def term(self) -> Lease:
+        """One attempt at a term: a lease that does not wait (the campaign waits)."""
+        cm = lease(
+            self.target,
+            self.name,
+            self.ttl,
+            holder=self.holder or default_holder(),
+            on_lost=self.on_lost,
+            heartbeat_target=self.heartbeat_target,
+        )
+        cm.want_holder = False  # the campaign reads the row itself
+        return cm
+
+    def attempt(self) -> tuple[Lease, Held] | None:
+        cm = self.term()
+        try:
+            return cm, cm.__enter__()
+        except LeaseBusy:
+            return None
+
+    def run(
+        self,
+        stop: Stop,
+        observer: Observer | None = None,
+        watch: Watch | None = None,
+    ) -> tuple[Lease, Held] | None:
+        """Campaign until elected (the term's lease, entered), or None once ``stop`` is set.
+
+        :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
+        """
+        start = time.monotonic()
+        deadline = start + self.wait
+        if observer is None and not stop.is_set():
+            won = self.attempt()
+            if won is not None:
+                return won
+        own = watch is None
+        watch_ = Watch(self.target, self.name, self.poll_interval) if own else watch
+        assert watch_ is not None
+        try:
+            # LISTEN before the claim, so that a release in between is not missed.
+            watch_.listen()
+            while not stop.is_set():
+                won = self.attempt()
+                if won is not None:
+                    if observer is not None:
+                        _announce(won, observer, watch_)
+                    return won
+                row = watch_.read()
+                if observer is not None:
+                    observer.see(row)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise LeaseBusy(
+                        self.name, holder=None if row is None else row.holder, waited=now - start
+                    )
+                watch_.pause(row, stop, deadline)
+            return None
+        finally:
+            if own:
+                watch_.close()
+
+
+def _announce(won: tuple[Lease, Held], observer: Observer, watch: Watch) -> None:
+    """Show the observer this new term's row; resign it if that fails (a callback raised)."""
+    cm = won[0]
+    try:
+        row = watch.read()
+        if row is not None:  # None: already lost again, and the term will say so
+            observer.see(row)
+    except BaseException as exc:
+        cm.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+
+
+class Leader:
+    """The context manager :func:`leader` returns; single use."""
+
+    def __init__(self, campaign: Campaign) -> None:
+        self._campaign = campaign
+        self._cm: Lease | None = None
+        self._used = False
+
+    def __enter__(self) -> Held:
+        if self._used:
+            raise RuntimeError("pylease: leader() gives a context manager to enter once")
+        self._used = True
+        won = self._campaign.run(Stop(None))
+        assert won is not None  # only a stop ends a campaign without a term
+        self._cm, term = won
+        return term
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        cm, self._cm = self._cm, None
+        assert cm is not None
+        cm.__exit__(exc_type, exc, tb)
+
+
+def leader(
+    target: object,
+    name: str,
+    ttl: timedelta | float,
+    *,
+    holder: str | None = None,
+    wait: timedelta | float | str | None = None,
+    on_lost: Callback | None = None,
+    heartbeat_target: object = None,
+    poll_interval: float | None = None,
+    cancel_on_lost: bool = True,
+) -> Leader:
+    """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
+
+    ::
+
+        with leader(target, "scheduler", ttl=15) as term:
+            ...  # term.fence is the term number; term.lost, term.check()
+
+    :param target: as for :func:`pylease.alease`.
+    :param ttl: how long a leader that stopped renewing stays leader.
+    :param holder: this candidate's holder token; default unique per term.
+    :param wait: how long to campaign; default (None, ``math.inf``, ``"forever"``): no
+        deadline.
+    :param on_lost: called with the :class:`LeaseLost` when the term is lost.
+    :param poll_interval: seconds between reads of the row when no notification comes
+        (default 1 s; SQLite 50 ms).
+    :param cancel_on_lost: cancel the block's task when the term is lost (default True).
+    :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
+    :raises LeaseLost: the term was lost while the block ran.
+    """
+    return Leader(
+        Campaign(
+            target,
+            name,
+            ttl,
+            holder=holder,
+            wait=wait,
+            on_lost=on_lost,
+            heartbeat_target=heartbeat_target,
+            poll_interval=poll_interval,
+            cancel_on_lost=cancel_on_lost,
+        )
+    )
+
+
+def run_as_leader(
+    target: object,
+    name: str,
+    ttl: timedelta | float,
+    work: Callable[[Held], object],
+    *,
+    on_started_leading: Callback | None = None,
+    on_stopped_leading: Callback | None = None,
+    on_new_leader: Callback | None = None,
+    stop: threading.Event | None = None,
+    holder: str | None = None,
+    heartbeat_target: object = None,
+    poll_interval: float | None = None,
+) -> None:
+    """Campaign, lead by awaiting ``work(term)``, and campaign again, until ``stop`` is set.
+
+    A term ends when ``work`` returns (this candidate resigns and campaigns again, so the
+    next term has a larger fence), when it is lost (``work`` is cancelled), or when
+    ``stop`` is set or SIGTERM/SIGINT arrives (``work`` is cancelled, the term resigned,
+    and the signal then acts as it would have: the handlers, installed in the main
+    thread, are put back first). The order of the callbacks, which may be plain or
+    coroutine functions: ``on_new_leader(info)`` for every change seen (``info`` is
+    the ``LeaseRow``, or None when nobody leads), then ``on_started_leading(term)`` when
+    the change is this candidate's term, ``on_stopped_leading(term)`` after its
+    resignation or loss.
+
+    :raises Exception: whatever ``work`` raised, after resigning and
+        ``on_stopped_leading``: a crashing leader is never silently re-elected.
+    """
+    if not callable(work):
+        raise InvalidArgument("pylease: work must be callable", parameter="work")
+    for parameter, value in (
+        ("on_started_leading", on_started_leading),
+        ("on_stopped_leading", on_stopped_leading),
+        ("on_new_leader", on_new_leader),
+    ):
+        callable_option(parameter, value)
+    campaign = Campaign(
+        target,
+        name,
+        ttl,
+        holder=holder,
+        wait=None,
+        on_lost=None,
+        heartbeat_target=heartbeat_target,
+        poll_interval=poll_interval,
+        cancel_on_lost=True,
+    )
+    stopping = Stop(stop)
+    observer = Observer(on_new_leader)
+    stopping.install()
+    try:
+        watch = Watch(target, campaign.name, campaign.poll_interval)
+        try:
+            while not stopping.is_set():
+                won = campaign.run(stopping, observer, watch)
+                if won is None:
+                    break
+                cm, term = won
+                _lead(cm, term, work, on_started_leading, on_stopped_leading, stopping)
+        finally:
+            watch.close()
+    except Shutdown:
+        pass
+    finally:
+        stopping.restore()
+
+
+def _lead(
+    cm: Lease,
+    term: Held,
+    work: Callable[[Held], object],
+    on_started_leading: Callback | None,
+    on_stopped_leading: Callback | None,
+    stopping: Stop,
+) -> None:
+    """One term: run ``work`` under it, resign, and tell; LeaseLost of this term is quiet."""
+    try:
+        try:
+            call(on_started_leading, term)
+            _work_until_stopped(work, term, stopping)
+        except BaseException as exc:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        cm.__exit__(None, None, None)
+    except LeaseLost as exc:
+        call(on_stopped_leading, term)
+        if exc.name != term.name or not term.lost:
+            raise  # some other lease of the work's own: its failure, not our term's
+        return
+    except Shutdown:
+        call(on_stopped_leading, term)
+        return
+    except BaseException:
+        call(on_stopped_leading, term)
+        raise
+    call(on_stopped_leading, term)
+
+
+def _work_until_stopped(work: Callable[[Held], object], term: Held, stopping: Stop) -> None:
+    """Await ``work(term)`` in a task of its own, cancelled when the stop comes first.
+
+    The term's own loss cancels the task running this (``alease``'s rule), and with it
+    the work's task, since it is awaited here.
+    """
+    stopping.interruptible = True
+    try:
+        if stopping.is_set():
+            raise Shutdown(stopping.signum or signal.SIGTERM)
+        work(term)
+    finally:
+        stopping.interruptible = False
+
+
+def current_leader(target: object, name: str) -> LeaseRow | None:
+    """The current leader's row (holder, fence, acquired_at, expires_at, ...), or None.
+
+    One read of ``lease_status``; None unless the lease's state is ``held``.
+    """
+    name = _validate.key("name", name)
+    check_target(target)
+    link_ = link(target)
+    try:
+        rows = link_.run(lambda b: b.status(name), name=name, retry=True)
+    finally:
+        link_.close()
+    return leading(rows)
+
+
+def watch_leader(
+    target: object, name: str, *, poll_interval: float | None = None
+) -> Iterator[LeaseRow | None]:
+    """Yield the current leader (or None), then again on every change of leader.
+
+    Woken by the NOTIFY a resignation sends, and otherwise by reading the row at the
+    leader's expiry and every ``poll_interval`` (default 1 s; SQLite 50 ms). Changes
+    between two reads are coalesced: a watcher sees the latest, in order.
+    """
+    name = _validate.key("name", name)
+    poll = poll_seconds(poll_interval)
+    check_target(target)
+    watch = Watch(target, name, poll)
+    stop = Stop(None)
+    try:
+        watch.listen()
+        last = watch.read()
+        yield last
+        while True:
+            watch.pause(last, stop, math.inf)
+            row = watch.read()
+            if not same_leader(last, row):
+                last = row
+                yield row
+    finally:
+        watch.close()
