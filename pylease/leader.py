@@ -23,7 +23,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
@@ -518,7 +518,7 @@ def current_leader(target: object, name: str) -> LeaseRow | None:
 
 def watch_leader(
     target: object, name: str, *, poll_interval: float | None = None
-) -> Iterator[LeaseRow | None]:
+) -> Generator[LeaseRow | None, None, None]:
     """Yield the current leader (or None), then again on every change of leader.
 
     Woken by the NOTIFY a resignation sends, and otherwise by reading the row at the

@@ -26,7 +26,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
@@ -588,7 +588,7 @@ async def acurrent_leader(target: object, name: str) -> LeaseRow | None:
 
 async def awatch_leader(
     target: object, name: str, *, poll_interval: float | None = None
-) -> AsyncIterator[LeaseRow | None]:
+) -> AsyncGenerator[LeaseRow | None, None]:
     """Yield the current leader (or None), then again on every change of leader.
 
     Woken by the NOTIFY a resignation sends, and otherwise by reading the row at the
