@@ -16,8 +16,9 @@ import typer
 
 from pylease import durations
 
-# Waiting "without a deadline": the longest wait every layer accepts (366 days).
-FOREVER = timedelta(days=366)
+# Waiting without a deadline: ``run``'s own spelling of it where it has one, else the
+# longest wait every layer accepts (366 days).
+FOREVER: timedelta = getattr(durations, "FOREVER", timedelta(days=366))
 
 EPILOG = (
     "Exit codes: the command's own; 128+N when signal N killed it; 127 command not found; "
@@ -118,6 +119,16 @@ def leader(
             show_default=False,
         ),
     ] = None,
+    schema: Annotated[
+        str | None,
+        typer.Option(
+            "--schema",
+            metavar="NAME",
+            help="The PostgreSQL schema pylease is installed in; default: $PYLEASE_SCHEMA, "
+            "else the search_path.",
+            show_default=False,
+        ),
+    ] = None,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the details of an error.")
     ] = False,
@@ -133,6 +144,9 @@ def leader(
     """
     from pylease.cli import run
 
+    options: dict[str, Any] = {}
+    if schema is not None:  # only where run takes --schema; it reads $PYLEASE_SCHEMA itself
+        options["schema"] = schema
     run(
         name,
         cmd,
@@ -145,4 +159,5 @@ def leader(
         quiet=quiet,
         dsn=dsn,
         verbose=verbose,
+        **options,
     )
