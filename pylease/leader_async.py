@@ -13,7 +13,7 @@ notified, at the leader's expiry, every ``poll_interval`` (a steal), and, after 
 nobody lead, again and again at 10 ms, 20 ms, 40 ms, ... (a standby usually takes over
 within milliseconds of a release). ``docs/leader-election.md`` has the numbers.
 
-The async module (``leader_async.py``) is the source of the sync one (``leader.py``);
+The sync module is generated from this one by ``tools/async_to_sync.py``; deliberate
 differences live in ``if True:  # ASYNC`` blocks.
 """
 
@@ -32,12 +32,12 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from pylease import _validate
+from pylease._acompat import AEvent, monotonic
 from pylease._backend import LeaseRow
+from pylease._lease_core import Held, callable_option, default_holder, next_pause
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
-from pylease.leasing import Held, callable_option, default_holder, next_pause
 from pylease.leasing_async import AsyncLease, alease
-from pylease.targets import ListenerLost
-from pylease.targets_async import AsyncLink, AsyncListener, link
+from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
 from pylease.targets_async import check as check_target
 
 # Seconds between reads of the row when nothing wakes a watcher first (a steal, or a
@@ -100,12 +100,12 @@ async def call(callback: Callback | None, argument: object) -> None:
 class AsyncStop:
     """What ends a campaign: the caller's ``stop`` event, or a signal (main thread only)."""
 
-    def __init__(self, event: asyncio.Event | None) -> None:
+    def __init__(self, event: AEvent | None) -> None:
         self.event = event
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
         if True:  # ASYNC
-            self._own = asyncio.Event()
+            self._own = AEvent()
             self._loop: asyncio.AbstractEventLoop | None = None
         else:
             self.interruptible = False
@@ -163,11 +163,11 @@ class AsyncStop:
                 if isinstance(result, ListenerLost):
                     raise result
         else:
-            end = time.monotonic() + timeout
+            end = monotonic() + timeout
             self.interruptible = True
             try:
                 while not self.is_set():
-                    left = end - time.monotonic()
+                    left = end - monotonic()
                     if left <= 0:
                         return
                     step = left if self.event is None else min(left, STOP_SLICE)
@@ -208,7 +208,7 @@ class AsyncWatch:
 
     async def pause(self, row: LeaseRow | None, stop: AsyncStop, deadline: float) -> None:
         """Wait for the next reason to read: a notification, the expiry, a poll, the stop."""
-        left = deadline - time.monotonic()
+        left = deadline - monotonic()
         if row is None:
             pause = min(self._recheck, self.poll, left)
             self._recheck = min(self._recheck * 2, self.poll)
@@ -317,7 +317,7 @@ class Campaign:
 
         :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
         """
-        start = time.monotonic()
+        start = monotonic()
         deadline = start + self.wait
         if observer is None and not stop.is_set():
             won = await self.attempt()
@@ -338,7 +338,7 @@ class Campaign:
                 row = await watch_.read()
                 if observer is not None:
                     await observer.see(row)
-                now = time.monotonic()
+                now = monotonic()
                 if now >= deadline:
                     raise LeaseBusy(
                         self.name, holder=None if row is None else row.holder, waited=now - start
@@ -392,50 +392,98 @@ class AsyncLeader:
         await cm.__aexit__(exc_type, exc, tb)
 
 
-def aleader(
-    target: object,
-    name: str,
-    ttl: timedelta | float,
-    *,
-    holder: str | None = None,
-    wait: timedelta | float | str | None = None,
-    on_lost: Callback | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
-    cancel_on_lost: bool = True,
-) -> AsyncLeader:
-    """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
+if True:  # ASYNC
 
-    ::
+    def aleader(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        *,
+        holder: str | None = None,
+        wait: timedelta | float | str | None = None,
+        on_lost: Callback | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+        cancel_on_lost: bool = True,
+    ) -> AsyncLeader:
+        """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
 
-        async with aleader(target, "scheduler", ttl=15) as term:
-            ...  # term.fence is the term number; term.lost, term.check()
+        ::
 
-    :param target: as for :func:`pylease.alease`.
-    :param ttl: how long a leader that stopped renewing stays leader.
-    :param holder: this candidate's holder token; default unique per term.
-    :param wait: how long to campaign; default (None, ``math.inf``, ``"forever"``): no
-        deadline.
-    :param on_lost: called with the :class:`LeaseLost` when the term is lost.
-    :param poll_interval: seconds between reads of the row when no notification comes
-        (default 1 s; SQLite 50 ms).
-    :param cancel_on_lost: cancel the block's task when the term is lost (default True).
-    :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
-    :raises LeaseLost: the term was lost while the block ran.
-    """
-    return AsyncLeader(
-        Campaign(
-            target,
-            name,
-            ttl,
-            holder=holder,
-            wait=wait,
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
-            poll_interval=poll_interval,
-            cancel_on_lost=cancel_on_lost,
+            async with aleader(target, "scheduler", ttl=15) as term:
+                ...  # term.fence is the term number; term.lost, term.check()
+
+        :param target: as for :func:`pylease.alease`.
+        :param ttl: how long a leader that stopped renewing stays leader.
+        :param holder: this candidate's holder token; default unique per term.
+        :param wait: how long to campaign; default (None, ``math.inf``, ``"forever"``): no
+            deadline.
+        :param on_lost: called with the :class:`LeaseLost` when the term is lost.
+        :param poll_interval: seconds between reads of the row when no notification comes
+            (default 1 s; SQLite 50 ms).
+        :param cancel_on_lost: cancel the block's task when the term is lost (default True).
+        :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
+        :raises LeaseLost: the term was lost while the block ran.
+        """
+        return AsyncLeader(
+            Campaign(
+                target,
+                name,
+                ttl,
+                holder=holder,
+                wait=wait,
+                on_lost=on_lost,
+                heartbeat_target=heartbeat_target,
+                poll_interval=poll_interval,
+                cancel_on_lost=cancel_on_lost,
+            )
         )
-    )
+
+else:
+
+    def aleader(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        *,
+        holder: str | None = None,
+        wait: timedelta | float | str | None = None,
+        on_lost: Callback | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+    ) -> AsyncLeader:
+        """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
+
+        ::
+
+            async with aleader(target, "scheduler", ttl=15) as term:
+                ...  # term.fence is the term number; term.lost, term.check()
+
+        :param target: as for :func:`pylease.alease`.
+        :param ttl: how long a leader that stopped renewing stays leader.
+        :param holder: this candidate's holder token; default unique per term.
+        :param wait: how long to campaign; default (None, ``math.inf``, ``"forever"``): no
+            deadline.
+        :param on_lost: called with the :class:`LeaseLost` when the term is lost.
+        :param poll_interval: seconds between reads of the row when no notification comes
+            (default 1 s; SQLite 50 ms).
+        :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
+        :raises LeaseLost: the block returned, but the term was lost meanwhile (a body that
+            must not outlive its term checks ``term.lost`` or calls ``term.check()``).
+        """
+        return AsyncLeader(
+            Campaign(
+                target,
+                name,
+                ttl,
+                holder=holder,
+                wait=wait,
+                on_lost=on_lost,
+                heartbeat_target=heartbeat_target,
+                poll_interval=poll_interval,
+                cancel_on_lost=True,
+            )
+        )
 
 
 async def arun_as_leader(
@@ -447,22 +495,24 @@ async def arun_as_leader(
     on_started_leading: Callback | None = None,
     on_stopped_leading: Callback | None = None,
     on_new_leader: Callback | None = None,
-    stop: asyncio.Event | None = None,
+    stop: AEvent | None = None,
     holder: str | None = None,
     heartbeat_target: object = None,
     poll_interval: float | None = None,
 ) -> None:
-    """Campaign, lead by awaiting ``work(term)``, and campaign again, until ``stop`` is set.
+    """Campaign, lead by running ``work(term)``, and campaign again, until ``stop`` is set.
 
     A term ends when ``work`` returns (this candidate resigns and campaigns again, so the
-    next term has a larger fence), when it is lost (``work`` is cancelled), or when
-    ``stop`` is set or SIGTERM/SIGINT arrives (``work`` is cancelled, the term resigned,
-    and the signal then acts as it would have: the handlers, installed in the main
-    thread, are put back first). The order of the callbacks, which may be plain or
-    coroutine functions: ``on_new_leader(info)`` for every change seen (``info`` is
-    the ``LeaseRow``, or None when nobody leads), then ``on_started_leading(term)`` when
-    the change is this candidate's term, ``on_stopped_leading(term)`` after its
-    resignation or loss.
+    next term has a larger fence), when it is lost, or when ``stop`` is set or SIGTERM or
+    SIGINT arrives (the term is resigned, then the signal acts as it would have: the
+    handlers, installed in the main thread, are put back first). A coroutine ``work`` is
+    cancelled by a lost term, a stop or a signal; a plain one is interrupted by a signal
+    (raised into it, as Ctrl-C is) and otherwise checks ``term.lost`` and returns.
+
+    The callbacks come in this order:
+    ``on_new_leader(info)`` for every change seen (``info`` is the ``LeaseRow``, or None
+    when nobody leads), then ``on_started_leading(term)`` when the change is this
+    candidate's term, ``on_stopped_leading(term)`` after its resignation or loss.
 
     :raises Exception: whatever ``work`` raised, after resigning and
         ``on_stopped_leading``: a crashing leader is never silently re-elected.
