@@ -120,7 +120,8 @@ def test_leaving_the_block_hands_over_to_the_waiting_standby(
 
 def test_wait_runs_out_as_lease_busy(dsn: str, conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT lease_claim('scheduler', '1 min', 'elsewhere')")
-    with pytest.raises(LeaseBusy) as caught, leader(dsn, "scheduler", ttl=5, wait=0.2):
+    # A Connection target: the campaign reads the row on it, renewals go elsewhere.
+    with pytest.raises(LeaseBusy) as caught, leader(conn, "scheduler", ttl=5, wait=0.2):
         raise AssertionError("elected while another leads")
     assert caught.value.holder == "elsewhere"
 
