@@ -116,7 +116,8 @@ class Stop:
         """Put the previous handlers back; then let the signal that stopped us act on them."""
         previous, self._previous = self._previous, {}
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            # None: a handler set outside Python, which cannot be put back from here.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         if self.signum is not None and previous:
             # Resigned: now the process does what it would have done (exit, by default).
             signal.raise_signal(self.signum)
