@@ -31,7 +31,7 @@ from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
 
-from pylease import _validate
+from pylease import _validate, durations
 from pylease._acompat import AEvent, monotonic
 from pylease._backend import LeaseRow
 from pylease._lease_core import Held, callable_option, default_holder, next_pause
@@ -71,11 +71,21 @@ def same_leader(a: LeaseRow | None, b: LeaseRow | None) -> bool:
 
 
 def wait_seconds(wait: object) -> float:
-    """``wait`` as seconds; None, ``math.inf`` and ``"forever"`` wait without a deadline."""
-    if wait is None or wait == "forever":
+    """``wait`` as seconds; None, ``math.inf`` and ``"forever"`` wait without a deadline.
+
+    A string is a duration as the CLI spells it (``"30s"``, ``"5m"``).
+    """
+    if wait is None or wait == timedelta.max:
         return math.inf
     if isinstance(wait, float) and math.isinf(wait) and wait > 0:
         return math.inf
+    if isinstance(wait, str):
+        if wait.strip().lower() == "forever":
+            return math.inf
+        try:
+            wait = durations.parse(wait)
+        except ValueError as exc:
+            raise InvalidArgument(f"pylease: wait: {exc}", parameter="wait") from None
     return _validate.span("wait", wait).total_seconds()
 
 

@@ -7,6 +7,7 @@ order of events on one monotonic clock, and liveness bounds of tens of seconds.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +151,10 @@ def test_leader_checks_its_arguments_before_any_sql() -> None:
         leader("postgresql://nowhere.invalid/x", "", ttl=5)
     with pytest.raises(ValueError, match="wait"):
         leader("postgresql://nowhere.invalid/x", "s", ttl=5, wait=-1)
+    with pytest.raises(ValueError, match="wait"):
+        leader("postgresql://nowhere.invalid/x", "s", ttl=5, wait="soon")
+    for forever in (None, math.inf, "forever", timedelta.max, "30s"):
+        leader("postgresql://nowhere.invalid/x", "s", ttl=5, wait=forever)  # no I/O yet
     with pytest.raises(ValueError, match="work"):
         run_as_leader("postgresql://nowhere.invalid/x", "s", 5, "not callable")  # type: ignore[arg-type]
 
