@@ -247,6 +247,37 @@ async def test_stop_cancels_work_and_resigns(dsn: str) -> None:
     assert await acurrent_leader(dsn, "scheduler") is None
 
 
+async def test_run_as_leader_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
+    stop = asyncio.Event()
+    fences: list[int] = []
+
+    async def work(term: Held) -> None:
+        fences.append(term.fence)
+        if len(fences) == 2:
+            stop.set()
+
+    await arun_as_leader(url, "scheduler", 5, work, stop=stop)
+    assert fences == [1, 2]
+    assert await acurrent_leader(url, "scheduler") is None
+
+
+async def test_sigint_during_work_resigns_and_reaches_the_previous_handler(dsn: str) -> None:
+    got: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, _frame: got.append(signum))
+    try:
+
+        async def work(term: Held) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(LIVE)
+
+        await arun_as_leader(dsn, "scheduler", 5, work)
+        assert got == [signal.SIGINT]
+        assert await acurrent_leader(dsn, "scheduler") is None
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 async def test_stop_while_standing_by_ends_without_leading(dsn: str, aconn: AConn) -> None:
     await aconn.execute("SELECT lease_claim('scheduler', '1 min', 'elsewhere')")
     rec = Recorder()
