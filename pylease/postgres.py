@@ -19,19 +19,21 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from pylease import _arguments as _args
-from pylease._pg_calls import (
-    CLAIM,
-    HOLDS,
-    RELEASE,
-    RENEW,
-    RENEW_MANY,
-    STATUS,
-    STEAL,
-)
-from pylease._pg_calls import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
-from pylease._pg_calls import wrap_errors as wrap_errors
+from pylease._pg_errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
+from pylease._pg_errors import wrap_errors as wrap_errors
 from pylease._postgres_async import AsyncPostgresBackend as AsyncPostgresBackend
 from pylease._rows import LeaseRow
+
+# One statement per operation, each a call of its lease_* SQL function.
+CLAIM: LiteralString = "SELECT lease_claim(%s, %s, %s)"
+RENEW: LiteralString = "SELECT lease_renew(%s, %s, %s)"
+RENEW_MANY: LiteralString = "SELECT name, renewed FROM lease_renew_many(%s, %s, %s)"
+RELEASE: LiteralString = "SELECT lease_release(%s, %s, %s)"
+STEAL: LiteralString = "SELECT lease_steal(%s, %s, %s, %s)"
+HOLDS: LiteralString = "SELECT lease_holds(%s, %s, %s)"
+STATUS: LiteralString = (
+    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held FROM lease_status(%s)"
+)
 
 
 class PostgresBackend:

@@ -50,6 +50,7 @@ PAIRS = [
     ("pylease/heartbeat_async.py", "pylease/heartbeat.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
     ("pylease/leader_async.py", "pylease/leader.py"),
+    ("tests/test_heartbeat_async.py", "tests/test_heartbeat.py"),
 ]
 
 NAMES = {
@@ -122,7 +123,15 @@ NAMES = {
     # names the tests use
     "aconn": "conn",
     "AConn": "Conn",
+    "aconn2": "conn2",
     "asleep_until": "wait_until",
+    "aclaim": "claim",
+    "asteal": "steal",
+    "astatus": "status",
+    "abackends": "backends",
+    "aterminate": "terminate",
+    "AsyncExitStack": "ExitStack",
+    "enter_async_context": "enter_context",
 }
 
 # Replaced in strings and comments, before the word renames.

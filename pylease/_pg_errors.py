@@ -1,30 +1,16 @@
-"""What the PostgreSQL backend sends, and how the driver's errors become pylease's.
-
-The statements are one call of a ``lease_*`` SQL function each; driver errors are
-mapped in one place, :func:`wrap_errors`, for both backends of
-:mod:`pylease.postgres` and for the CLI.
+"""How the PostgreSQL driver's errors become pylease's: in one place, :func:`wrap_errors`,
+for both backends of :mod:`pylease.postgres`, the sources and the CLI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
 
 from pylease.errors import DatabaseUnavailable, InvalidArgument, PyleaseError, SchemaMissing
-
-CLAIM: LiteralString = "SELECT lease_claim(%s, %s, %s)"
-RENEW: LiteralString = "SELECT lease_renew(%s, %s, %s)"
-RENEW_MANY: LiteralString = "SELECT name, renewed FROM lease_renew_many(%s, %s, %s)"
-RELEASE: LiteralString = "SELECT lease_release(%s, %s, %s)"
-STEAL: LiteralString = "SELECT lease_steal(%s, %s, %s, %s)"
-HOLDS: LiteralString = "SELECT lease_holds(%s, %s, %s)"
-STATUS: LiteralString = (
-    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held FROM lease_status(%s)"
-)
 
 MISSING_SCHEMA_HINT = "the pylease schema is not installed here: run `pylease migrate --dsn ...`"
 
