@@ -188,6 +188,9 @@ def test_current_leader_is_the_held_row_only(dsn: str, conn: psycopg.Connection[
     conn.execute("SELECT lease_claim('scheduler', '1 min', 'next')")
     conn.execute("SELECT lease_release('scheduler', 'next')")
     assert current_leader(conn, "scheduler") is None  # released: nobody leads
+    conn.execute("SELECT lease_claim('scheduler', '1 min', 'rests')")
+    conn.execute("SELECT lease_release('scheduler', 'rests', '1 hour')")
+    assert current_leader(conn, "scheduler") is None  # resting (min_hold): nobody leads
 
 
 # watch_leader() -------------------------------------------------------------------
