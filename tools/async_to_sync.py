@@ -104,11 +104,9 @@ NAMES = {
     "AWorker": "Worker",
     "aspawn": "spawn",
     "asleep": "sleep",
-    "await_for": "call_for",
     "ashield": "shield",
     "ato_thread": "to_thread",
     "acondition_wait": "condition_wait",
-    "aevent_wait": "event_wait",
     # the keeper's worker
     "_task": "_thread",
     # names the tests use
