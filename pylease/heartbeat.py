@@ -112,7 +112,8 @@ class Keeper:
             group.source = source
             group.tickets.append(ticket)
             group.next_at = min(group.next_at, monotonic() + ticket.interval)
-            if self._thread is None:
+            idle = self._thread is None
+            if idle:
                 self._thread = spawn(self._run, name="pylease-heartbeat")
             elif self._sleeping_until and group.next_at < self._sleeping_until:
                 # Wake the keeper only when it would sleep past this lease's first tick:

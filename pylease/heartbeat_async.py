@@ -132,7 +132,11 @@ class AsyncKeeper:
             group.source = source
             group.tickets.append(ticket)
             group.next_at = min(group.next_at, monotonic() + ticket.interval)
-            if self._task is None:
+            idle = self._task is None
+            if True:  # ASYNC
+                # A task cancelled from outside (its loop shutting down) is gone too.
+                idle = self._task is None or self._task.done()
+            if idle:
                 self._task = aspawn(self._run, name="pylease-heartbeat")
             elif self._sleeping_until and group.next_at < self._sleeping_until:
                 # Wake the keeper only when it would sleep past this lease's first tick:
