@@ -100,7 +100,12 @@ def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:
     """Mark ``ticket`` lost and log it; the error if this was news."""
     error = ticket.mark_lost(reason)
     if error is not None:
-        logger.warning("lease %r lost: %s", ticket.name, reason)
+        logger.warning(
+            "lease %r lost: %s",
+            ticket.name,
+            reason,
+            extra={"pylease_event": "lost", "pylease_name": ticket.name, "pylease_reason": reason},
+        )
     return error
 
 
@@ -294,10 +299,29 @@ class Keeper:
                 group.failures,
                 backoff,
                 exc,
+                extra={
+                    "pylease_event": "renew_failed",
+                    "pylease_names": [t.name for t in batch],
+                    "pylease_attempt": group.failures,
+                    "pylease_expires_in": min(t.expires for t in batch) - time.monotonic(),
+                    "pylease_error": exc,
+                },
             )
             with self._cond:
                 group.next_at = time.monotonic() + backoff * random.uniform(0.8, 1.2)
             return []
+        if group.failures:
+            logger.info(
+                "renewing %d lease(s) through %s works again after %d failed attempt(s)",
+                len(batch),
+                group.source.label,
+                group.failures,
+                extra={
+                    "pylease_event": "renew_recovered",
+                    "pylease_names": [t.name for t in batch],
+                    "pylease_attempt": group.failures,
+                },
+            )
         group.failures = 0
         group.last_error = None
         lost: list[Ticket] = []
