@@ -314,7 +314,7 @@ def test_two_runs_at_once_one_runs_one_is_busy(
 
 def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
-    held = pylease("claim", "job", "--ttl", "1s", "--holder", "someone-else", "--dsn", url)
+    held = pylease("claim", "job", "--ttl", "3s", "--holder", "someone-else", "--dsn", url)
     assert held.returncode == 0, held.stderr
     leader, follower = os.openpty()
     proc = subprocess.Popen(
