@@ -650,8 +650,8 @@ def run(
             "--kill-after",
             metavar="DUR",
             parser=_duration("--kill-after"),
-            help="After a lost lease's SIGTERM, SIGKILL the command this much later.  "
-            "[default: 10s]",
+            help="After a lost lease's SIGTERM, SIGKILL the command this much later;"
+            " never later than the lease's local expiry, whatever this says.  [default: 10s]",
             show_default=False,
         ),
     ] = timedelta(seconds=10),
@@ -665,8 +665,9 @@ def run(
     """Run CMD while holding the lease NAME, renewing it; skip CMD when the lease is busy.
 
     CMD sees PYLEASE_NAME, PYLEASE_HOLDER, PYLEASE_FENCE and PYLEASE_DSN. SIGINT, SIGTERM
-    and SIGHUP are passed on to it. If the lease is lost, CMD gets SIGTERM (SIGKILL after
-    --kill-after) and pylease exits 75.
+    and SIGHUP are passed on to it. If the lease is lost, CMD gets SIGTERM, then SIGKILL
+    after --kill-after or at the lease's local expiry, whichever comes first, and pylease
+    exits 75.
 
     Example: pylease run nightly-report --ttl 10m --busy-exit 0 -- ./report.sh --full
     """
@@ -697,7 +698,8 @@ def run(
                 with render.spinner(name, quiet) as show:
                     busy = holding.on_busy = _Busy(show)
                     try:
-                        fence = holding.__enter__().fence
+                        held = holding.__enter__()
+                        fence = held.fence
                         entered = True
                     except LeaseBusy:
                         if not quiet:
