@@ -188,8 +188,11 @@ def table(rows: Sequence[LeaseRow], now: datetime, width: int | None) -> list[st
     if width is not None:
         room = width - sum(fixed.values()) - len(GAP) * 5
         if name_w + holder_w > room:
-            holder_w = max(min(holder_w, room - min(name_w, room - MIN_HOLDER)), MIN_HOLDER)
-            name_w = min(name_w, max(room - holder_w, MIN_NAME))
+            if room - name_w >= MIN_HOLDER:  # names whole, holders shortened
+                holder_w = room - name_w
+            else:  # both long: enough of a holder to tell two apart, names folded
+                holder_w = min(holder_w, max(room * 2 // 5, MIN_HOLDER))
+                name_w = min(name_w, max(room - holder_w, MIN_NAME))
     lines = []
     for c in every:
         names = fold(c.name, name_w)
