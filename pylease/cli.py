@@ -481,6 +481,10 @@ def _not_installed(store: Store, exc: SchemaMissing) -> str:
     try:
         with _open(store, "pylease") as (_backend, conn):
             path = conn.execute("SELECT current_setting('search_path')").fetchone()[0]
+            here = conn.execute(
+                "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE p.oid = to_regproc('lease_claim')"
+            ).fetchone()
             schemas = [
                 r[0]
                 for r in conn.execute(
@@ -491,6 +495,13 @@ def _not_installed(store: Store, exc: SchemaMissing) -> str:
             ]
     except Exception:
         return str(exc)
+    if here is not None:  # installed, but by an older pylease than this one
+        cause = exc.__cause__
+        missing = getattr(getattr(cause, "diag", None), "message_primary", None) or str(exc)
+        return (
+            f"the pylease schema in {here[0]} is older than this pylease ({missing}): "
+            "run `pylease migrate --dsn ...` to upgrade it"
+        )
     message = f"pylease is not installed in the search_path ({path}) of {store.shown}"
     if schemas:
         listed = ", ".join(schemas)
