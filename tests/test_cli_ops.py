@@ -9,14 +9,20 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner, Result
 
+from pylease import metrics as metrics_mod
+from pylease import render
+from pylease._backend import LeaseRow
 from pylease.cli import app
+from pylease.errors import DatabaseUnavailable
 from pylease.postgres import PostgresBackend
 
 runner = CliRunner()
@@ -199,3 +205,72 @@ def test_metrics_listen_is_scraped_over_http(url: str) -> None:
             proc.wait()
     _, err = proc.communicate()
     assert err.startswith(f"pylease: serving metrics on http://127.0.0.1:{port}/metrics")
+
+
+# The rendering alone, on rows as the backends return them ------------------------------
+
+
+@dataclass(frozen=True)
+class Counted:
+    name: str
+    grants: int
+    takeovers: int
+    steals: int
+    releases: int
+
+
+@dataclass(frozen=True)
+class Event:
+    at: datetime
+    name: str
+    event: str
+    holder: str | None
+    fence: int | None
+    previous_holder: str | None
+
+
+def test_collector_series_and_names_filter() -> None:
+    now = datetime.now(UTC)
+    rows = [
+        LeaseRow("a", "h", 4, now - timedelta(seconds=30), now, now + timedelta(seconds=60), True),
+        LeaseRow("b", "h", 2, now - timedelta(hours=1), now, now - timedelta(seconds=5), False),
+    ]
+    counters = [Counted("a", 4, 1, 2, 0), Counted("b", 2, 0, 0, 2)]
+    collector = metrics_mod.LeaseCollector(lambda: (rows, counters, now))
+    got = samples(metrics_mod.text(collector))
+    assert got[("pylease_lease_held", "a")] == 1 and got[("pylease_lease_held", "b")] == 0
+    assert got[("pylease_lease_expires_in_seconds", "a")] == 60
+    assert got[("pylease_lease_held_for_seconds", "a")] == 30
+    assert got[("pylease_lease_held_for_seconds", "b")] == 0
+    assert got[("pylease_lease_fence", "b")] == 2
+    assert got[("pylease_grants_total", "a")] == 4 and got[("pylease_steals_total", "a")] == 2
+    assert got[("pylease_takeovers_total", "a")] == 1
+    assert got[("pylease_releases_total", "b")] == 2
+    only = samples(
+        metrics_mod.text(metrics_mod.LeaseCollector(lambda: (rows, counters, now), ["b"]))
+    )
+    assert {name for _metric, name in only if name} == {"b"}
+
+    errors: list[Exception] = []
+
+    def broken() -> Any:
+        raise DatabaseUnavailable("pylease: database unavailable: gone")
+
+    down = samples(metrics_mod.text(metrics_mod.LeaseCollector(broken, (), errors.append)))
+    assert down == {("pylease_up", ""): 0}
+    assert len(errors) == 1
+
+
+def test_history_lines_fit_and_read() -> None:
+    now = datetime.now(UTC)
+    events = [
+        Event(now - timedelta(minutes=3), "job", "stolen", "ops", 3, "x" * 200),
+        Event(now - timedelta(hours=2), "job", "taken_over", "y" * 200, 2, "dies"),
+        Event(now, "job", "released", "ops", 3, None),
+    ]
+    lines = render.history_lines(events, now, 80)
+    assert max(len(line) for line in lines) <= 80, lines
+    assert lines[1].split()[:2] == ["3m", "ago"] and "stolen" in lines[1]
+    assert lines[2].split()[:2] == ["2h", "ago"] and "taken_over" in lines[2]
+    assert lines[3].split()[0] == "now" and lines[3].rstrip().endswith("-")
+    assert "y" * 200 in render.history_lines(events, now, None)[2]
