@@ -91,11 +91,12 @@ def row_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
         "holder": row.holder,
         "fence": row.fence,
         "held": row.held,
-        "state": state_of(row, now),
-        "ttl": ttl_of(row).total_seconds(),
         "acquired_at": iso(row.acquired_at),
         "renewed_at": iso(row.renewed_at),
         "expires_at": iso(row.expires_at),
+        # Added after the first release: at the end, as lease_status's own columns.
+        "state": state_of(row, now),
+        "ttl": ttl_of(row).total_seconds(),
     }
 
 
