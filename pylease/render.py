@@ -76,12 +76,13 @@ def state_of(row: LeaseRow, now: datetime) -> str:
     return "resting" if aware(row.expires_at) > now else "free"
 
 
-def ttl_of(row: LeaseRow) -> timedelta:
-    """The ttl last granted (SQL migration 0003), else what the row's times imply."""
+def ttl_of(row: LeaseRow) -> timedelta | None:
+    """The ttl last granted (SQL migration 0003), else what a held row's times imply
+    (None for a released one: its expiry no longer says)."""
     ttl: timedelta | None = getattr(row, "ttl", None)
     if ttl is not None:
         return ttl
-    return aware(row.expires_at) - aware(row.renewed_at)
+    return aware(row.expires_at) - aware(row.renewed_at) if row.held else None
 
 
 def row_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
@@ -96,7 +97,7 @@ def row_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
         "expires_at": iso(row.expires_at),
         # Added after the first release: at the end, as lease_status's own columns.
         "state": state_of(row, now),
-        "ttl": ttl_of(row).total_seconds(),
+        "ttl": None if (ttl := ttl_of(row)) is None else ttl.total_seconds(),
     }
 
 
