@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -15,6 +16,7 @@ from typer.testing import CliRunner, Result
 
 from pylease import dsn as dsn_mod
 from pylease.cli import app
+from pylease.errors import DatabaseUnavailable
 
 runner = CliRunner()
 
@@ -334,3 +336,55 @@ def test_a_conninfo_with_schema_keeps_other_options(dsn: str) -> None:
     with psycopg.connect(conninfo) as conn:
         assert conn.execute("SHOW search_path").fetchone() == ('"Upper Case"',)
         assert conn.execute("SHOW statement_timeout").fetchone() == ("5s",)
+
+
+# The library's log on the command's stderr -----------------------------------------------
+
+
+def test_stderr_log_recognises_records_by_attribute_not_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pylease import render
+
+    log = logging.getLogger("pylease.test-cli-edges")
+    log.propagate = False
+    log.setLevel(logging.DEBUG)  # as main() sets it for the library
+    handler = render.StderrLog(lambda: False)
+    log.addHandler(handler)
+    try:
+        # The keeper's lost record: left to `pylease run`, which says what it does about it.
+        log.warning("lease %r lost: %s", "job", "x", extra={"pylease_event": "lost"})
+        # The same words without the attribute are just a warning, shown.
+        log.warning("lease %r lost: %s", "job", "x")
+        failed = {"pylease_names": ["job"], "pylease_expires_in": 4.0}
+        for attempt in (1, 2, 3):
+            log.warning(
+                "pylease: retry %d",
+                attempt,
+                extra={
+                    **failed,
+                    "pylease_event": "renew_failed",
+                    "pylease_attempt": attempt,
+                    "pylease_error": DatabaseUnavailable("pylease: database unavailable: gone"),
+                },
+            )
+        log.info(
+            "back",
+            extra={
+                "pylease_event": "renew_recovered",
+                "pylease_names": ["job"],
+                "pylease_attempt": 3,
+            },
+        )
+        log.info("chatter")  # below WARNING without -v
+    finally:
+        log.removeHandler(handler)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0] == "pylease: lease 'job' lost: x"
+    assert lines[1].startswith(
+        "pylease: renewing lease 'job' failed (database unavailable: gone); retrying until it "
+        "expires at "
+    )
+    assert lines[1].endswith("(in 4s)")
+    assert lines[2] == "pylease: renewing lease 'job' works again, after 3 failed attempt(s)"
