@@ -1249,7 +1249,8 @@ def metrics(
         collector = metrics_mod.LeaseCollector(read, names or (), on_error)
 
         def ready(host: str, port: int) -> None:
-            _say(f"serving metrics on http://{host}:{port}/metrics ({store.shown})")
+            shown = f"[{host}]" if ":" in host else host
+            _say(f"serving metrics on http://{shown}:{port}/metrics ({store.shown})")
 
         signal.signal(signal.SIGTERM, _interrupt)
         try:

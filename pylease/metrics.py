@@ -9,6 +9,7 @@ them; ``--names`` keeps the ones that matter (shell-style patterns).
 from __future__ import annotations
 
 import fnmatch
+import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -131,6 +132,7 @@ def serve(collector: Collector, host: str, port: int, ready: Callable[[str, int]
 
     class Server(WSGIServer):
         allow_reuse_address = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     app = make_wsgi_app(registry_for(collector))
     with make_server(host, port, app, server_class=Server, handler_class=Quiet) as server:
