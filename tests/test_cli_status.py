@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,8 +24,11 @@ runner = CliRunner()
 
 NO_DSN: dict[str, str | None] = {"PYLEASE_DSN": None, "DATABASE_URL": None, "PYLEASE_SCHEMA": None}
 
+# Conditional, so the test runs for real as soon as the sql branch is merged.
 NEEDS_0003 = pytest.mark.xfail(
-    strict=True, reason="needs LeaseRow.state (SQL 0003 READY), from sql"
+    "state" not in {f.name for f in dataclasses.fields(LeaseRow)},
+    strict=True,
+    reason="needs LeaseRow.state (SQL 0003 READY), from sql",
 )
 
 
