@@ -3,10 +3,12 @@
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    FenceExhausted,
     InvalidArgument,
     LeaseBusy,
     LeaseLost,
     PyleaseError,
+    ReadOnlyServer,
     SchemaMissing,
 )
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
@@ -17,12 +19,14 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "DatabaseUnavailable",
+    "FenceExhausted",
     "Held",
     "InvalidArgument",
     "LeaseBusy",
     "LeaseLost",
     "Outcome",
     "PyleaseError",
+    "ReadOnlyServer",
     "SchemaMissing",
     "__version__",
     "akeep_fresh",

@@ -23,6 +23,47 @@ class LeaseRow:
     renewed_at: datetime
     expires_at: datetime
     held: bool
+    #: ``held``, ``resting`` (released, not claimable until its min_hold ran out),
+    #: ``released`` or ``expired`` (its ttl ran out without a release).
+    state: str
+    #: The ttl last granted or renewed with.
+    ttl: timedelta
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """One row of ``lease_renew_each``: the expiry the server granted, and its clock then.
+
+    ``expires_at`` and ``server_time`` are None when the lease was not renewed.
+    """
+
+    name: str
+    renewed: bool
+    expires_at: datetime | None
+    server_time: datetime | None
+
+
+@dataclass(frozen=True)
+class CounterRow:
+    """One row of ``lease_counters``: how many of each event a name has seen."""
+
+    name: str
+    grants: int
+    takeovers: int
+    steals: int
+    releases: int
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """One row of ``lease_history``: ``claimed``, ``taken_over``, ``stolen`` or ``released``."""
+
+    at: datetime
+    name: str
+    event: str
+    holder: str
+    fence: int
+    previous_holder: str | None
 
 
 class Backend(Protocol):
@@ -36,6 +77,13 @@ class Backend(Protocol):
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]: ...
 
+    def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]: ...
+
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool: ...
 
     def steal(
@@ -45,6 +93,17 @@ class Backend(Protocol):
     def holds(self, name: str, holder: str, fence: int) -> bool: ...
 
     def status(self, name: str | None = None) -> list[LeaseRow]: ...
+
+    def counters(self, name: str | None = None) -> list[CounterRow]: ...
+
+    def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]: ...
+
+    def prune_history(self, older_than: timedelta) -> int: ...
 
 
 class AsyncBackend(Protocol):
@@ -58,6 +117,13 @@ class AsyncBackend(Protocol):
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]: ...
 
+    async def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]: ...
+
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool: ...
 
     async def steal(
@@ -67,3 +133,14 @@ class AsyncBackend(Protocol):
     async def holds(self, name: str, holder: str, fence: int) -> bool: ...
 
     async def status(self, name: str | None = None) -> list[LeaseRow]: ...
+
+    async def counters(self, name: str | None = None) -> list[CounterRow]: ...
+
+    async def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]: ...
+
+    async def prune_history(self, older_than: timedelta) -> int: ...
