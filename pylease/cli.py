@@ -1020,7 +1020,7 @@ def status(
             rows = backend.status(name)
             now = _now(store, conn)
         if as_json:
-            typer.echo(json.dumps([render.row_json(r, now) for r in rows]))
+            typer.echo(json.dumps([render.row_json(r) for r in rows]))
             return
         typer.echo("\n".join(_status_lines(store, name, rows, now, wide)))
 
@@ -1065,15 +1065,6 @@ def _watch(store: Store, name: str | None, wide: bool) -> None:
     finally:
         if listener is not None:
             listener.close()
-
-
-def _history_of(backend: Backend) -> Any:
-    """The history methods (SQL migration 0003): loud where the backend lacks them."""
-    if not hasattr(backend, "history"):
-        raise ConfigurationError(
-            "pylease: this pylease has no lease history yet (needs the 0003 migration)"
-        )
-    return backend
 
 
 @_command()
@@ -1122,8 +1113,8 @@ def history(
         edge.store = store = _store(dsn, schema)
         with _open(store, "pylease history") as (backend, conn):
             now = _now(store, conn)
-            start = now - since if since is not None else None
-            events = _history_of(backend).history(name, start, limit)
+            # A span back from the database's own now: one clock.
+            events = backend.history(name, since, limit)
         if as_json:
             typer.echo(
                 json.dumps(
@@ -1170,7 +1161,7 @@ def prune_history(
     with _edge(verbose) as edge:
         edge.store = store = _store(dsn, schema)
         with _open(store, "pylease prune-history") as (backend, _conn):
-            removed = _history_of(backend).prune_history(older_than)
+            removed = backend.prune_history(older_than)
         typer.echo(f"removed {removed} event{'' if removed == 1 else 's'}")
 
 
@@ -1230,7 +1221,7 @@ def metrics(
         def read() -> tuple[list[LeaseRow], list[Any], datetime]:
             with _open(store, "pylease metrics") as (backend, conn):
                 rows = backend.status(None)
-                counters = _history_of(backend).counters(None)
+                counters = backend.counters(None)
                 return rows, counters, _now(store, conn)
 
         if once:

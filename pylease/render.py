@@ -65,27 +65,7 @@ def ago(span: timedelta) -> str:
     return f"{durations.spell(span)} ago"
 
 
-def state_of(row: LeaseRow, now: datetime) -> str:
-    """The row's ``state`` (SQL migration 0003), or the part of it ``held`` can tell."""
-    state: str | None = getattr(row, "state", None)
-    if state:
-        return state
-    if row.held:
-        return "held"
-    # Without the column a released lease and an expired one look alike.
-    return "resting" if aware(row.expires_at) > now else "free"
-
-
-def ttl_of(row: LeaseRow) -> timedelta | None:
-    """The ttl last granted (SQL migration 0003), else what a held row's times imply
-    (None for a released one: its expiry no longer says)."""
-    ttl: timedelta | None = getattr(row, "ttl", None)
-    if ttl is not None:
-        return ttl
-    return aware(row.expires_at) - aware(row.renewed_at) if row.held else None
-
-
-def row_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
+def row_json(row: LeaseRow) -> dict[str, Any]:
     """One lease for ``status --json``: ISO-8601 times, ``ttl`` in seconds."""
     return {
         "name": row.name,
@@ -96,8 +76,8 @@ def row_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
         "renewed_at": iso(row.renewed_at),
         "expires_at": iso(row.expires_at),
         # Added after the first release: at the end, as lease_status's own columns.
-        "state": state_of(row, now),
-        "ttl": None if (ttl := ttl_of(row)) is None else ttl.total_seconds(),
+        "state": row.state,
+        "ttl": row.ttl.total_seconds(),
     }
 
 
@@ -134,7 +114,7 @@ HEADER = Cells("NAME", "STATE", "HOLDER", "FENCE", "AGE", "EXPIRES")
 def cells(row: LeaseRow, now: datetime) -> Cells:
     """AGE is how long the state has lasted: held for, or free since; EXPIRES is when
     a held lease runs out, or when a resting one becomes claimable."""
-    state = state_of(row, now)
+    state = row.state
     expires = aware(row.expires_at) - now
     if state == "held":
         age = durations.spell(now - aware(row.acquired_at))
@@ -240,7 +220,7 @@ def history_lines(events: Sequence[Any], now: datetime, width: int | None) -> li
     lines = []
     for r in every:
         shown = [
-            r[0].rjust(sizes[0]),
+            r[0].ljust(sizes[0]),
             r[1].ljust(sizes[1]),
             r[2].ljust(sizes[2]),
             r[3].ljust(sizes[3]),

@@ -251,7 +251,7 @@ def test_status_table(url: str) -> None:
     assert report[-2:][0] == "in" and report[-1].startswith("4m5")
     sweep = lines[2].split()
     assert sweep[0] == "sweep" and sweep[2:4] == ["worker-2", "1"]
-    assert sweep[1] in ("released", "free")  # "free" until the 0003 state column
+    assert sweep[1] == "released"
     assert sweep[-1] == "-"
 
     assert "no lease named 'other'" in ok("status", "other", "--dsn", url).stdout

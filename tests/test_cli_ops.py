@@ -23,18 +23,10 @@ from pylease import render
 from pylease._backend import LeaseRow
 from pylease.cli import app
 from pylease.errors import DatabaseUnavailable
-from pylease.postgres import PostgresBackend
 
 runner = CliRunner()
 
 NO_DSN: dict[str, str | None] = {"PYLEASE_DSN": None, "DATABASE_URL": None, "PYLEASE_SCHEMA": None}
-
-# Conditional, so the tests run for real as soon as the sql branch is merged.
-NEEDS_0003 = pytest.mark.xfail(
-    not hasattr(PostgresBackend, "history"),
-    strict=True,
-    reason="needs backend.history/counters/prune_history (SQL 0003 READY), from sql",
-)
 
 
 def cli(*args: str, env: dict[str, str | None] | None = None) -> Result:
@@ -67,7 +59,6 @@ def takeover_and_steal(url: str) -> None:
 # history ---------------------------------------------------------------------------------
 
 
-@NEEDS_0003
 def test_history_newest_first_with_readable_times(url: str) -> None:
     takeover_and_steal(url)
     events = json.loads(ok("history", "--json", "--dsn", url).stdout)
@@ -90,7 +81,6 @@ def test_history_newest_first_with_readable_times(url: str) -> None:
     assert cli("history", "--limit", "0", "--dsn", url).exit_code == 2
 
 
-@NEEDS_0003
 def test_history_since(url: str) -> None:
     takeover_and_steal(url)
     time.sleep(1.2)
@@ -98,7 +88,6 @@ def test_history_since(url: str) -> None:
     assert len(json.loads(ok("history", "--since", "1h", "--json", "--dsn", url).stdout)) == 2
 
 
-@NEEDS_0003
 def test_prune_history_prints_how_many(url: str) -> None:
     takeover_and_steal(url)
     assert ok("prune-history", "--older-than", "1h", "--dsn", url).stdout == "removed 0 events\n"
@@ -121,7 +110,6 @@ def samples(text: str) -> dict[tuple[str, str], float]:
     return found
 
 
-@NEEDS_0003
 def test_metrics_once_parses_and_counters_match_history(url: str) -> None:
     takeover_and_steal(url)
     ok("release", "other", "--holder", "o", "--dsn", url)
@@ -148,7 +136,6 @@ def test_metrics_once_parses_and_counters_match_history(url: str) -> None:
     )
 
 
-@NEEDS_0003
 def test_metrics_names_filter(url: str) -> None:
     takeover_and_steal(url)
     got = samples(ok("metrics", "--once", "--names", "jo*", "--dsn", url).stdout)
@@ -168,7 +155,6 @@ def free_port() -> int:
         return port
 
 
-@NEEDS_0003
 def test_metrics_listen_is_scraped_over_http(url: str) -> None:
     takeover_and_steal(url)
     port = free_port()
@@ -232,8 +218,14 @@ class Event:
 def test_collector_series_and_names_filter() -> None:
     now = datetime.now(UTC)
     rows = [
-        LeaseRow("a", "h", 4, now - timedelta(seconds=30), now, now + timedelta(seconds=60), True),
-        LeaseRow("b", "h", 2, now - timedelta(hours=1), now, now - timedelta(seconds=5), False),
+        LeaseRow(
+            *("a", "h", 4, now - timedelta(seconds=30), now, now + timedelta(seconds=60)),
+            *(True, "held", timedelta(minutes=1)),
+        ),
+        LeaseRow(
+            *("b", "h", 2, now - timedelta(hours=1), now, now - timedelta(seconds=5)),
+            *(False, "expired", timedelta(minutes=1)),
+        ),
     ]
     counters = [Counted("a", 4, 1, 2, 0), Counted("b", 2, 0, 0, 2)]
     collector = metrics_mod.LeaseCollector(lambda: (rows, counters, now))
