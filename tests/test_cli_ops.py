@@ -9,13 +9,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from typer.testing import CliRunner, Result
 
 from pylease import metrics as metrics_mod
@@ -266,3 +271,41 @@ def test_history_lines_fit_and_read() -> None:
     assert lines[2].split()[:2] == ["2h", "ago"] and "taken_over" in lines[2]
     assert lines[3].split()[0] == "now" and lines[3].rstrip().endswith("-")
     assert "y" * 200 in render.history_lines(events, now, None)[2]
+
+
+# An EXECUTE-only role ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def app_dsn(dsn: str) -> Iterator[str]:
+    """A login role with nothing but what PUBLIC may do: EXECUTE the lease functions."""
+    role = f"pylease_cli_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    params = conninfo_to_dict(dsn)
+    params["user"] = role
+    params.pop("password", None)
+    try:
+        yield make_conninfo("", **params)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_an_execute_only_role_reads_metrics_and_history_but_may_not_prune(
+    dsn: str, app_dsn: str
+) -> None:
+    takeover_and_steal(dsn)
+    got = samples(ok("metrics", "--once", "--dsn", app_dsn).stdout)
+    assert got[("pylease_takeovers_total", "job")] == 1
+    assert len(json.loads(ok("history", "--json", "--dsn", app_dsn).stdout)) == 2
+    refused = cli("prune-history", "--older-than", "1d", "--dsn", app_dsn)
+    assert refused.exit_code == 3, refused.output
+    line = refused.stderr.strip()
+    assert "may not prune the history" in line
+    grant = line.split("runs: ", 1)[1]
+    assert grant.startswith('GRANT EXECUTE ON FUNCTION "public".lease_prune_history(interval) TO')
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(grant.encode())
+    assert ok("prune-history", "--older-than", "0", "--dsn", app_dsn).stdout == "removed 2 events\n"
