@@ -421,7 +421,9 @@ def _sqlite_module() -> Any:
 
 
 @contextlib.contextmanager
-def _open(store: Store, purpose: str = "pylease") -> Iterator[tuple[Backend, Any]]:
+def _open(
+    store: Store, purpose: str = "pylease", connect_timeout: int = 10
+) -> Iterator[tuple[Backend, Any]]:
     """A backend and its connection; closed on exit."""
     if store.sqlite:
         sqlite_mod = _sqlite_module()
@@ -441,7 +443,7 @@ def _open(store: Store, purpose: str = "pylease") -> Iterator[tuple[Backend, Any
             store.url,
             autocommit=True,
             prepare_threshold=None,
-            connect_timeout=10,
+            connect_timeout=connect_timeout,
             application_name=purpose,
         )
     except psycopg.Error as exc:
@@ -739,6 +741,11 @@ def run(
                     holding.__exit__(None, None, None)
             raise typer.Exit(128 + sig.signum) from None
         code = runner.LOST if outcome.lost else outcome.code
+        if outcome.lost and not _log.failing(name):
+            # The command is stopped already: now there is time to ask who has the lease.
+            taken = _taken_by(store, name, holder, fence)
+            if taken:
+                _say(taken)
         try:
             holding.__exit__(None, None, None)  # releases, with --min-hold
         except LeaseLost as exc:
@@ -748,6 +755,19 @@ def run(
         except PyleaseError as exc:
             _say(f"could not release lease {name!r}, it stays held until it expires: {exc}")
     raise typer.Exit(code)
+
+
+def _taken_by(store: Store, name: str, holder: str, fence: int) -> str | None:
+    """Who holds the lease we lost, and how they got it; None if that cannot be told."""
+    try:
+        with _open(store, "pylease run", connect_timeout=3) as (backend, conn):
+            row = next(iter(backend.status(name)), None)
+            if row is None or (row.holder == holder and row.fence == fence) or not row.held:
+                return None
+            events = backend.history(name, None, 1)
+            return render.taken_line(name, row, events[0] if events else None, _now(store, conn))
+    except Exception:
+        return None  # the loss was said already; this is only its detail
 
 
 @_command()
@@ -1256,10 +1276,14 @@ def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt  # a service manager's stop: end as Ctrl-C does, exit 0
 
 
+# The library's log as stderr lines; attached by main(), not at import.
+_log = render.StderrLog(lambda: _verbose)
+
+
 def main() -> None:
     """Entry point of the ``pylease`` script (also ``python -m pylease``)."""
     # Here rather than in the app, so that an application embedding it keeps its logging.
     library = logging.getLogger("pylease")
-    library.addHandler(render.StderrLog(lambda: _verbose))
+    library.addHandler(_log)
     library.setLevel(logging.DEBUG)
     app()

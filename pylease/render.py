@@ -95,6 +95,16 @@ def busy_line(name: str, row: LeaseRow | None, now: datetime, where: str | None 
     return f"lease {name!r} was released by {by} and rests until its min-hold ({until}){place}"
 
 
+def taken_line(name: str, row: LeaseRow, event: Any | None, now: datetime) -> str:
+    """Who has the lease we lost, and how they got it, as the database recorded it."""
+    by = printable(row.holder)
+    if event is not None and event.fence == row.fence and event.event in ("stolen", "taken_over"):
+        when = ago(now - aware(event.at))
+        how = "stole it" if event.event == "stolen" else "took it over after its ttl ran out"
+        return f"lease {name!r} is now held by {by} (fence {row.fence}), who {how} ({when})"
+    return f"lease {name!r} is now held by {by} (fence {row.fence})"
+
+
 # The status table ---------------------------------------------------------------
 
 
@@ -282,6 +292,11 @@ class StderrLog(logging.Handler):
         self._verbose = verbose
         self._lock_episode = threading.Lock()
         self._failing: set[str] = set()
+
+    def failing(self, name: str) -> bool:
+        """True while renewals of ``name`` fail (an outage is going on)."""
+        with self._lock_episode:
+            return name in self._failing
 
     def filter(self, record: logging.LogRecord) -> bool:
         event = getattr(record, "pylease_event", None)

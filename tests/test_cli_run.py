@@ -278,11 +278,40 @@ def test_a_stolen_lease_stops_the_child_and_exits_75(
     assert stolen.returncode == 0, stolen.stderr
     code, err = finish(proc)
     assert code == 75, err
-    assert "lease 'job' was lost" in err
-    assert len(err.splitlines()) == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert "lease 'job' was lost" in lines[0]
+    # The database knows who has it now, and how: said once the command is stopped.
+    assert re.fullmatch(
+        r"pylease: lease 'job' is now held by operator \(fence 2\), "
+        r"who stole it \((now|\d+m?s ago)\)",
+        lines[1],
+    ), lines
     assert out.read_text().splitlines() == ["ready", "SIGTERM"]
     row = status(url, "job")
     assert (row["holder"], row["held"]) == ("operator", True)
+
+
+def test_a_lease_taken_over_says_by_whom_and_how(
+    url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    proc = start(started, "run", "job", "--ttl", "1s", "--dsn", url, "--", *child, "trap", str(out))
+    wait_for(out, "ready", proc)
+    proc.send_signal(signal.SIGSTOP)  # the supervisor only: its lease runs out
+    try:
+        taken = pylease(
+            "claim", "job", "--ttl", "1m", "--holder", "next", "--wait", "30s", "--dsn", url
+        )
+        assert taken.returncode == 0, taken.stderr
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    code, err = finish(proc)
+    assert code == 75, err
+    lines = err.splitlines()
+    assert "lease 'job' was lost" in lines[0]
+    assert lines[-1].startswith(
+        "pylease: lease 'job' is now held by next (fence 2), who took it over after its ttl ran out"
+    ), lines
 
 
 def test_a_child_ignoring_sigterm_is_killed_after_kill_after(
