@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test deps lint typecheck docs pytest venv bench demo clean
+.PHONY: test deps lint typecheck docs pytest venv bench demo clean generate generate-check
 
 venv: $(STAMP)
 
@@ -16,9 +16,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-lint: venv
-	$(BIN)/ruff check pylease tests scripts
-	$(BIN)/ruff format --check pylease tests scripts
+lint: venv generate-check
+	$(BIN)/ruff check pylease tests scripts tools
+	$(BIN)/ruff format --check pylease tests scripts tools
+
+# The sync lease modules are generated from their async sources (tools/async_to_sync.py):
+# `make generate` rewrites them, `make generate-check` fails on a stale or hand-edited one.
+generate: venv
+	$(BIN)/python tools/async_to_sync.py
+
+generate-check: venv
+	$(BIN)/python tools/async_to_sync.py --check
 
 typecheck: venv
 	$(BIN)/mypy --strict pylease

@@ -7,12 +7,15 @@ from pylease.errors import (
     InvalidArgument,
     LeaseBusy,
     LeaseLost,
+    MigrationError,
     PyleaseError,
     ReadOnlyServer,
     SchemaMissing,
 )
+from pylease.exclusive import exclusive
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
 from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
+from pylease.schema import schema_sql
 
 __version__ = "0.1.0"
 
@@ -24,6 +27,7 @@ __all__ = [
     "InvalidArgument",
     "LeaseBusy",
     "LeaseLost",
+    "MigrationError",
     "Outcome",
     "PyleaseError",
     "ReadOnlyServer",
@@ -32,7 +36,9 @@ __all__ = [
     "akeep_fresh",
     "alease",
     "arun_exclusive",
+    "exclusive",
     "keep_fresh",
     "lease",
     "run_exclusive",
+    "schema_sql",
 ]

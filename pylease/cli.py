@@ -570,7 +570,7 @@ def _seconds(wait: timedelta) -> float:
 def _options(
     name: str, ttl: timedelta, holder: str, wait: timedelta, min_hold: timedelta | None = None
 ) -> Any:
-    from pylease.leasing import options
+    from pylease._lease_core import options
 
     opts = options(
         name,
