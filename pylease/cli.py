@@ -1287,3 +1287,9 @@ def main() -> None:
     library.addHandler(_log)
     library.setLevel(logging.DEBUG)
     app()
+
+
+# `pylease leader` is leader election's (pylease/leader_cli.py), on `run` above.
+from pylease import leader_cli  # noqa: E402
+
+app.command(name="leader", epilog=leader_cli.EPILOG)(leader_cli.leader)

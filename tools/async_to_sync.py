@@ -49,6 +49,7 @@ PAIRS = [
     ("pylease/targets_async.py", "pylease/targets.py"),
     ("pylease/heartbeat_async.py", "pylease/heartbeat.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
+    ("pylease/leader_async.py", "pylease/leader.py"),
     ("tests/test_heartbeat_async.py", "tests/test_heartbeat.py"),
 ]
 
@@ -64,6 +65,16 @@ NAMES = {
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
     "AsyncLostCallback": "LostCallback",
+    # leader election
+    "leader_async": "leader",
+    "aleader": "leader",
+    "arun_as_leader": "run_as_leader",
+    "acurrent_leader": "current_leader",
+    "awatch_leader": "watch_leader",
+    "AsyncLeader": "Leader",
+    "AsyncStop": "Stop",
+    "AsyncWatch": "Watch",
+    "AsyncObserver": "Observer",
     # the lease layer's classes
     "AsyncBackend": "Backend",
     "AsyncPostgresBackend": "PostgresBackend",
