@@ -317,7 +317,7 @@ def test_an_installed_wheel_migrates_from_anywhere(empty_dsn: str, tmp_path: Pat
          "-w", str(dist), str(ROOT)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
-    [wheel] = dist.glob("pylease-*.whl")
+    [wheel] = dist.glob("pylease_pg-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "pylease/sql/postgres/schema.sql" in names
     assert "pylease/migrations/postgres/pylease-0001-leases.sql" in names
