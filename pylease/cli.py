@@ -693,7 +693,8 @@ def run(
             "--kill-after",
             metavar="DUR",
             parser=_duration("--kill-after"),
-            help="After a lost lease's SIGTERM, SIGKILL the command this much later.",
+            help="After a lost lease's SIGTERM, SIGKILL the command this much later;"
+            " never later than the lease's local expiry, whatever this says.",
             show_default="10s",
         ),
     ] = timedelta(seconds=10),
@@ -706,8 +707,9 @@ def run(
     """Run CMD while holding the lease NAME, renewing it; skip CMD when the lease is busy.
 
     CMD sees PYLEASE_NAME, PYLEASE_HOLDER, PYLEASE_FENCE and PYLEASE_DSN. SIGINT, SIGTERM
-    and SIGHUP are passed on to it. If the lease is lost, CMD gets SIGTERM (SIGKILL after
-    --kill-after) and pylease exits 75.
+    and SIGHUP are passed on to it. If the lease is lost, CMD gets SIGTERM, then SIGKILL
+    after --kill-after or at the lease's local expiry, whichever comes first, and pylease
+    exits 75.
 
     Example: pylease run nightly-report --ttl 10m --busy-exit 0 -- ./report.sh --full
     """
@@ -740,7 +742,8 @@ def run(
                         _say(_busy_line(name, row, now))
                     raise typer.Exit(busy_exit)
                 try:
-                    fence = holding.__enter__().fence
+                    held = holding.__enter__()
+                    fence = held.fence
                     entered = True
                 except LeaseBusy:  # it expired and was taken in between
                     if not quiet:
@@ -763,6 +766,7 @@ def run(
                     kill_after=kill_after.total_seconds(),
                     say=_say,
                     why_lost=lambda: why[0] if why else f"lease {name!r} was lost",
+                    remaining=runner.time_left(held),
                 )
         except runner.Signalled as sig:
             if entered:
