@@ -338,6 +338,8 @@ BLACKHOLE = "blackhole"
 DROP = "drop"
 # The first 8 bytes of a PostgreSQL CancelRequest: its length (16) and its code.
 CANCEL_REQUEST = (16).to_bytes(4, "big") + (80877102).to_bytes(4, "big")
+# The codes of SSLRequest and GSSENCRequest.
+ENCRYPTION_REQUESTS = ((80877103).to_bytes(4, "big"), (80877104).to_bytes(4, "big"))
 
 
 class Pipe:
@@ -372,8 +374,31 @@ class Pipe:
     def is_cancel(self) -> bool:
         return self.first_bytes[:8] == CANCEL_REQUEST
 
+    def _opening(self) -> bytes:
+        """The client's first packet header, answering SSL and GSS requests with "N".
+
+        libpq asks for encryption before its startup or cancel packet; refusing it
+        here, as a server without SSL does, lets the proxy see which one follows
+        (so a query cancel is counted even when nothing would ever answer it).
+        """
+        self.client.settimeout(10)
+        head = b""
+        while True:
+            while len(head) < 8:
+                chunk = self.client.recv(8 - len(head))
+                if not chunk:
+                    raise OSError("client went away")
+                head += chunk
+            if head[4:8] in ENCRYPTION_REQUESTS:
+                self.client.sendall(b"N")
+                head = b""
+                continue
+            self.client.settimeout(None)
+            return head
+
     def _run(self) -> None:
         try:
+            self.first_bytes = head = self._opening()
             server = socket.create_connection(self.upstream, timeout=10)
         except OSError:
             self._reset(self.client)
@@ -381,6 +406,8 @@ class Pipe:
             return
         server.settimeout(None)
         pending: list[tuple[float, socket.socket, bytes]] = []
+        if self.mode != BLACKHOLE:
+            pending.append((time.monotonic(), server, head))
         try:
             while self.mode != DROP:
                 # A short select timeout, so a mode change takes effect at once.
@@ -390,8 +417,6 @@ class Pipe:
                     data = sock.recv(65536)
                     if not data:
                         return
-                    if sock is self.client and len(self.first_bytes) < 8:
-                        self.first_bytes += data[: 8 - len(self.first_bytes)]
                     if self.mode == BLACKHOLE:
                         continue  # read, so the kernel keeps ACKing; never answered
                     other = server if sock is self.client else self.client

@@ -105,7 +105,7 @@ def test_2_a_forked_child_leaving_the_block_releases_nothing(db: Db, w: Witness)
     with fork.guard(), lease(db.url, "fork", ttl=3) as held:
         if fork.fork():
             sys.exit(0)  # the child leaves the parent's block
-        result = fork.wait()
+        result = fork.wait(15)
         with Contender(w, db.backend(), "fork") as contender:
             keep_sampling(w, held, contender.granted.is_set, bound=1.5)
         w.assert_sound()
