@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest venv bench demo clean
+.PHONY: test lint typecheck pytest venv bench demo clean generate generate-check
 
 venv: $(STAMP)
 
@@ -17,6 +17,14 @@ $(STAMP): pyproject.toml
 lint: venv
 	$(BIN)/ruff check pylease tests
 	$(BIN)/ruff format --check pylease tests
+
+# The sync lease modules are generated from their async sources (tools/async_to_sync.py):
+# `make generate` rewrites them, `make generate-check` fails on a stale or hand-edited one.
+generate: venv
+	$(BIN)/python tools/async_to_sync.py
+
+generate-check: venv
+	$(BIN)/python tools/async_to_sync.py --check
 
 typecheck: venv
 	$(BIN)/mypy --strict pylease

@@ -7,6 +7,7 @@ CLOCK_MONOTONIC (``time.monotonic_ns``), so the two stamps compare directly.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -95,7 +96,93 @@ def bench_python(ctx: Context) -> Section:
         "per_op_seconds": {k: result.summary(k) for k in result.labels},
         "throughput_ratio_rounds": ratios,
     }
+    bench_python_async(ctx, section)
     return section
+
+
+def bench_python_async(ctx: Context, section: Section) -> None:
+    """The async API the same way: `async with alease()` vs the raw async SQL cycle.
+
+    One event loop for the whole comparison (an async connection belongs to its
+    loop); each round runs its cycles inside it and times them there.
+    """
+    s = ctx.scale
+    target = Target(
+        "3-python-async",
+        "Python `async with alease()` vs raw async SQL cycle",
+        "throughput of `async with alease()` / throughput of the raw async SQL cycle",
+        goal=0.8,
+        higher_is_better=True,
+    )
+    section.targets.append(target)
+    try:
+        from pylease import alease
+    except ImportError:
+        target.note = "pylease.alease is not available in this checkout"
+        section.notes.append(target.note)
+        return
+    loop = asyncio.new_event_loop()
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            ctx.dsn, autocommit=True, application_name="pylease-bench"
+        )
+
+    api_conn, raw_conn = loop.run_until_complete(connect()), loop.run_until_complete(connect())
+    try:
+
+        def api(conn: psycopg.AsyncConnection[Any]) -> Callable[[int], float]:
+            name = unique("apy")
+
+            async def cycles(n: int) -> float:
+                start = time.perf_counter()
+                for _ in range(n):
+                    async with alease(conn, name, ttl=timedelta(seconds=30)):
+                        pass
+                return time.perf_counter() - start
+
+            return lambda n: loop.run_until_complete(cycles(n))
+
+        def raw_cycle(conn: psycopg.AsyncConnection[Any]) -> Callable[[int], float]:
+            name, holder = unique("apyraw"), holder_id("araw")
+
+            async def cycles(n: int) -> float:
+                cur = conn.cursor()
+                start = time.perf_counter()
+                for _ in range(n):
+                    await cur.execute(CLAIM, (name, TTL, holder))
+                    if (await cur.fetchone()) is None:
+                        raise RuntimeError("bench: the raw async claim was refused")
+                    await cur.execute(RELEASE, (name, holder))
+                    await cur.fetchone()
+                return time.perf_counter() - start
+
+            return lambda n: loop.run_until_complete(cycles(n))
+
+        raw = "raw async SQL cycle"
+        with_api = "async with alease(): heartbeat on"
+        result = interleave(
+            [
+                Contender(with_api, api(api_conn), s.python_ops),
+                Contender(raw, raw_cycle(raw_conn), s.python_ops),
+            ],
+            s.rounds,
+        )
+    finally:
+        loop.run_until_complete(api_conn.close())
+        loop.run_until_complete(raw_conn.close())
+        loop.close()
+    base = result.median(raw)
+    for label in result.labels:
+        med = result.median(label)
+        section.rows.append(
+            [label, spread_text(result.summary(label)), f"{1 / med:,.0f}", f"{base / med:.2f}x"]
+        )
+    ratios = result.paired_ratios(raw, with_api)
+    target.value = summary(ratios)["median"]
+    target.detail = f"alease() {fmt_time(result.median(with_api))}, raw {fmt_time(base)}"
+    section.data["async_per_op_seconds"] = {k: result.summary(k) for k in result.labels}
+    section.data["async_throughput_ratio_rounds"] = ratios
 
 
 # Waiters: each runs in the waiter process, blocks until it holds the lock, stamps

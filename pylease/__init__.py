@@ -6,6 +6,7 @@ from pylease.errors import (
     InvalidArgument,
     LeaseBusy,
     LeaseLost,
+    MigrationError,
     PyleaseError,
     SchemaMissing,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "InvalidArgument",
     "LeaseBusy",
     "LeaseLost",
+    "MigrationError",
     "Outcome",
     "PyleaseError",
     "SchemaMissing",

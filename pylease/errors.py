@@ -62,6 +62,10 @@ class SchemaMissing(PyleaseError):
     """The pylease schema is not installed in this database: run `pylease migrate`."""
 
 
+class MigrationError(PyleaseError):
+    """The schema could not be migrated."""
+
+
 class ConfigurationError(PyleaseError):
     """pylease cannot work with the configuration it was given."""
 

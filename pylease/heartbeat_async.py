@@ -1,54 +1,96 @@
-"""The async keeper: one task per event loop that keeps every async lease fresh.
+# The source of pylease/heartbeat.py: tools/async_to_sync.py writes it from this file.
+"""The keeper: it keeps every lease of its event loop (the sync one: of its process) fresh.
 
-The twin of :mod:`pylease.heartbeat`, with two differences an event loop allows: a
-renewal that hangs is abandoned at the earliest deadline of its batch, and a lost
-lease can cancel the task running its body (``alease(..., cancel_on_lost=True)``).
+The keeper of an event loop is one task; the sync one, in :mod:`pylease.heartbeat`,
+is a daemon thread.
+
+Leases are grouped by the source their renewals run on (one per database) and by
+the operation that renews them; each tick renews a whole group with ONE statement
+(``lease_renew_many`` for leases), however many it holds, so another kind of
+renewable thing (a semaphore slot, a leader term) is a group of its own, not a
+second keeper. A group ticks every third of its shortest ttl. A failed tick
+(connection dropped, server restarting) is retried with backoff until a lease's
+expiry minus a safety margin; a lease that no renewal could keep by then, or that a
+renewal answers false for, is lost: its ticket records why, and its ``on_lost``
+callback runs (in the keeper: keep it short).
+
+Where the two keepers differ, on purpose (the ``if True:  # ASYNC`` blocks): on
+an event loop a renewal that hangs is abandoned at the earliest deadline of its batch
+(a thread cannot be interrupted, so there it runs on a thread of its own per tick),
+a lost lease may cancel the task running its body, and an ``on_lost`` coroutine is
+awaited; the thread keeper lingers a moment after its last lease, and a forked child
+starts with a keeper of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import random
-import time
 import weakref
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 
+from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
+from pylease._backend_async import AsyncBackend
+from pylease._ticket import AsyncTicket, Ticket, notify_lost
+from pylease._ticket import LostCallback as LostCallback
+from pylease._ticket import margin as margin
 from pylease.errors import LeaseLost
-from pylease.heartbeat import FIRST_BACKOFF, STOP_WAIT, Ticket, notify_lost
 from pylease.targets_async import AsyncSource
+
+if True:  # ASYNC
+    pass
+else:
+    import os
 
 logger = logging.getLogger("pylease")
 
-# The shortest time a renewal is given before it counts as failed.
+FIRST_BACKOFF = 0.05
+# How long stopping waits for a tick already under way for that lease.
+STOP_WAIT = 5.0
+# The shortest time a renewal is given before it counts as failed (tasks only).
 MIN_RENEW_TIME = 0.05
+# How long the keeper thread outlives its last lease, waiting for the next one: a
+# loop of short leases would otherwise start a thread for every one of them.
+LINGER = 1.0
+if True:  # ASYNC
+    # A task is cheap to start again: the keeper ends with its last lease.
+    LINGER = 0.0
+
+# How a group renews its tickets: one statement for the whole batch, answering
+# (name, renewed) per ticket, in order.
+AsyncRenewOp = Callable[[AsyncBackend, Sequence[Ticket]], Awaitable[list[tuple[str, bool]]]]
 
 
-class AsyncTicket(Ticket):
-    """A ticket whose loss may also cancel the task running the body."""
-
-    task: asyncio.Task[Any] | None = None
-    cancelled_body = False
+async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[str, bool]]:
+    """The renewal of leases: ``lease_renew_many`` with each lease's name and holder."""
+    return await b.renew_many([t.name for t in batch], [t.holder for t in batch])
 
 
 async def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
     if ticket.on_lost is not None:
         try:
-            outcome = ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
-            if inspect.isawaitable(outcome):
-                await outcome
+            if True:  # ASYNC
+                outcome = ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+                if inspect.isawaitable(outcome):
+                    await outcome
+            else:
+                ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
         except Exception:
             logger.exception("on_lost callback for lease %r failed", ticket.name)
-    if isinstance(ticket, AsyncTicket) and ticket.task is not None and not ticket.task.done():
-        ticket.cancelled_body = True
-        ticket.task.cancel(f"pylease: lease {ticket.name!r} was lost")
+    if True:  # ASYNC
+        if isinstance(ticket, AsyncTicket) and ticket.task is not None and not ticket.task.done():
+            ticket.cancelled_body = True
+            ticket.task.cancel(f"pylease: lease {ticket.name!r} was lost")
 
 
 class _Group:
-    def __init__(self, source: AsyncSource) -> None:
+    """The tickets renewed through one source by one operation, and when next."""
+
+    def __init__(self, source: AsyncSource, renew: AsyncRenewOp) -> None:
         self.source = source
+        self.renew = renew
         self.tickets: list[Ticket] = []
         self.next_at = float("inf")
         self.failures = 0
@@ -60,111 +102,151 @@ class _Group:
 
 
 class AsyncKeeper:
-    """Keeps the tickets of one event loop fresh from one task.
+    """Keeps the tickets of one event loop (the sync one: of the process) fresh.
 
-    The task schedules; each tick's statement runs in a task of its own, so a
-    renewal that hangs cannot hold up the verdict on any lease.
+    One worker schedules; each tick's statement runs in a worker of its own, so a
+    renewal that hangs (a network partition) cannot keep the keeper from declaring a
+    lease lost at its deadline, nor one database from delaying another.
     """
 
     def __init__(self) -> None:
-        self._groups: dict[Any, _Group] = {}
+        self._cond = ACondition()
+        self._groups: dict[Hashable, _Group] = {}
         self._inflight: set[Ticket] = set()
-        self._changed = asyncio.Event()
-        self._settled = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._ticks: set[asyncio.Task[None]] = set()
+        self._task: AWorker | None = None
+        self._idle_since: float | None = None
+        # When the keeper's current sleep ends (0: it is not sleeping).
+        self._sleeping_until = 0.0
 
-    def add(self, ticket: Ticket, source: AsyncSource) -> None:
-        group = self._groups.get(source.key)
-        if group is None:
-            group = self._groups[source.key] = _Group(source)
-        # The source in use now: a group kept through a tick may still hold one
-        # that the registry has closed since.
-        group.source = source
-        group.tickets.append(ticket)
-        group.next_at = min(group.next_at, time.monotonic() + ticket.interval)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="pylease-heartbeat"
-            )
-        self._changed.set()
+    async def add(
+        self, ticket: Ticket, source: AsyncSource, renew: AsyncRenewOp = renew_leases
+    ) -> None:
+        """Start renewing ``ticket`` through ``source`` with ``renew``."""
+        async with self._cond:
+            key = (source.key, renew)
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = _Group(source, renew)
+            # The source in use now: a group kept through a tick may still hold one
+            # that the registry has closed since.
+            group.source = source
+            group.tickets.append(ticket)
+            group.next_at = min(group.next_at, monotonic() + ticket.interval)
+            if self._task is None:
+                self._task = aspawn(self._run, name="pylease-heartbeat")
+            elif self._sleeping_until and group.next_at < self._sleeping_until:
+                # Wake the keeper only when it would sleep past this lease's first tick:
+                # a wake-up per lease costs a thread handoff in a loop of short leases.
+                self._cond.notify_all()
 
-    async def remove(self, ticket: Ticket, source: AsyncSource) -> None:
+    async def remove(
+        self, ticket: Ticket, source: AsyncSource, renew: AsyncRenewOp = renew_leases
+    ) -> None:
         """Stop renewing ``ticket``; a tick under way for it finishes first (bounded)."""
-        group = self._groups.get(source.key)
-        if group is not None and ticket in group.tickets:
-            group.tickets.remove(ticket)
-            if not group.tickets and not group.busy:
-                del self._groups[source.key]
-        limit = time.monotonic() + STOP_WAIT
-        while ticket in self._inflight and time.monotonic() < limit:
-            self._settled.clear()
-            try:
-                await asyncio.wait_for(self._settled.wait(), limit - time.monotonic())
-            except TimeoutError:
-                break
-        self._changed.set()
+        async with self._cond:
+            key = (source.key, renew)
+            group = self._groups.get(key)
+            if group is not None and ticket in group.tickets:
+                group.tickets.remove(ticket)
+                if not group.tickets and not group.busy:
+                    del self._groups[key]
+            # A tick that already sent this renewal is answered before the release
+            # goes out, so its answer cannot be taken for a loss after the release.
+            limit = monotonic() + STOP_WAIT
+            while ticket in self._inflight:
+                left = limit - monotonic()
+                if left <= 0:
+                    break
+                await acondition_wait(self._cond, left)
 
     def tickets(self) -> list[Ticket]:
-        return [t for g in self._groups.values() for t in g.tickets]
+        """Every ticket kept now."""
+        if True:  # ASYNC
+            return [t for g in self._groups.values() for t in g.tickets]
+        else:
+            with self._cond:
+                return [t for g in self._groups.values() for t in g.tickets]
 
     async def _run(self) -> None:
-        # Checked and left without an await in between, so a ticket added by add()
-        # is either seen here or finds this task done and starts another.
-        while any(g.tickets for g in self._groups.values()):
+        while True:
             try:
-                await self._step()
+                if not await self._step():
+                    return
             except Exception:
-                logger.exception("async keeper tick failed")
-                await asyncio.sleep(FIRST_BACKOFF)
+                # A bug here must not silently stop every renewal of the process.
+                logger.exception("keeper tick failed")
+                await asleep(FIRST_BACKOFF)
 
-    async def _step(self) -> None:
-        now = time.monotonic()
-        overdue = [(g, t) for g in self._groups.values() for t in g.tickets if t.deadline <= now]
-        for group, ticket in overdue:
-            group.tickets.remove(ticket)
-        due = []
-        for key, group in list(self._groups.items()):
-            if not group.tickets:
-                if not group.busy:
-                    del self._groups[key]
-            elif group.next_at <= now and not group.busy:
-                group.busy = True
-                due.append((group, list(group.tickets)))
-                self._inflight.update(group.tickets)
+    async def _sleep(self, seconds: float) -> None:
+        """Wait on the condition (held), saying until when, for :meth:`add`."""
+        self._sleeping_until = monotonic() + seconds
+        try:
+            await acondition_wait(self._cond, seconds)
+        finally:
+            self._sleeping_until = 0.0
+
+    async def _step(self) -> bool:
+        """One round: lose the overdue, start the due ticks, or sleep; False when done."""
+        async with self._cond:
+            now = monotonic()
+            overdue = [
+                (g, t) for g in self._groups.values() for t in g.tickets if t.deadline <= now
+            ]
+            for group, ticket in overdue:
+                group.tickets.remove(ticket)
+            due = []
+            for key, group in list(self._groups.items()):
+                if not group.tickets:
+                    # A group whose tick is under way stays, so that a lease added
+                    # meanwhile does not start a second tick beside a hung one.
+                    if not group.busy:
+                        del self._groups[key]
+                elif group.next_at <= now and not group.busy:
+                    group.busy = True
+                    due.append((group, list(group.tickets)))
+                    self._inflight.update(group.tickets)
+            done = not any(g.tickets for g in self._groups.values())
+            if not done:
+                self._idle_since = None
+            elif not overdue and not due:
+                if self._idle_since is None:
+                    self._idle_since = now
+                if now - self._idle_since < LINGER:
+                    await self._sleep(LINGER - (now - self._idle_since))
+                    return True
+            if done:
+                # Decided with the condition held: a lease added from now on starts
+                # another worker.
+                self._idle_since = None
+                self._task = None
+            elif not overdue and not due:
+                wake = min(
+                    min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
+                    min(t.deadline for g in self._groups.values() for t in g.tickets),
+                )
+                await self._sleep(max(wake - now, 0.001))
+                return True
         for group, batch in due:
-            task = asyncio.get_running_loop().create_task(
-                self._tick(group, batch), name="pylease-renew"
-            )
-            self._ticks.add(task)
-            task.add_done_callback(self._ticks.discard)
+            aspawn(self._tick, group, batch, name="pylease-renew")
         for group, ticket in overdue:
             why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
             error = notify_lost(ticket, why)
             if error is not None:
                 await call_on_lost(ticket, error)
-        if overdue or not any(g.tickets for g in self._groups.values()):
-            return
-        wake = min(
-            min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
-            min(t.deadline for g in self._groups.values() for t in g.tickets),
-        )
-        self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), max(wake - time.monotonic(), 0.001))
+        return not done
 
     async def _tick(self, group: _Group, batch: list[Ticket]) -> None:
         lost: list[Ticket] = []
         try:
             lost = await self._renew(group, batch)
         finally:
-            group.busy = False
-            key = group.source.key
-            if not group.tickets and self._groups.get(key) is group:
-                del self._groups[key]
-            self._inflight.difference_update(batch)
-            self._settled.set()
-            self._changed.set()
+            async with self._cond:
+                group.busy = False
+                key = (group.source.key, group.renew)
+                if not group.tickets and self._groups.get(key) is group:
+                    del self._groups[key]
+                self._inflight.difference_update(batch)
+                self._cond.notify_all()
         # Only now: a callback that ends a lease must not wait for this very tick.
         for ticket in lost:
             why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
@@ -174,15 +256,19 @@ class AsyncKeeper:
 
     async def _renew(self, group: _Group, batch: list[Ticket]) -> list[Ticket]:
         """Renew ``batch`` in one statement; the tickets found lost."""
-        sent_at = time.monotonic()
-        names, holders = [t.name for t in batch], [t.holder for t in batch]
-        # A renewal that hangs past the batch's earliest deadline is abandoned, so
-        # the loss is reported while it can still matter.
-        budget = max(min(t.deadline for t in batch) - sent_at, MIN_RENEW_TIME)
+        sent_at = monotonic()
+
+        async def renew(b: AsyncBackend) -> list[tuple[str, bool]]:
+            return await group.renew(b, batch)
+
         try:
-            rows = await asyncio.wait_for(
-                group.source.run(lambda b: b.renew_many(names, holders), retry=True), budget
-            )
+            if True:  # ASYNC
+                # A renewal that hangs past the batch's earliest deadline is abandoned,
+                # so the loss is reported while it can still matter.
+                budget = max(min(t.deadline for t in batch) - sent_at, MIN_RENEW_TIME)
+                rows = await asyncio.wait_for(group.source.run(renew, retry=True), budget)
+            else:
+                rows = group.source.run(renew, retry=True)
         except Exception as exc:
             group.failures += 1
             group.last_error = exc
@@ -197,33 +283,53 @@ class AsyncKeeper:
                 backoff,
                 exc if str(exc) else type(exc).__name__,
             )
-            group.next_at = time.monotonic() + backoff * random.uniform(0.8, 1.2)
+            async with self._cond:
+                group.next_at = monotonic() + backoff * random.uniform(0.8, 1.2)
             return []
         group.failures = 0
         group.last_error = None
         lost: list[Ticket] = []
-        for ticket, (_name, renewed) in zip(batch, rows, strict=True):
-            if ticket not in group.tickets:
-                continue  # stopped meanwhile: its answer no longer matters
-            if renewed:
-                ticket.renewed(sent_at)
-            else:
-                group.tickets.remove(ticket)
-                lost.append(ticket)
-        if group.tickets:
-            group.next_at = sent_at + group.interval()
+        async with self._cond:
+            for ticket, (_name, renewed) in zip(batch, rows, strict=True):
+                if ticket not in group.tickets:
+                    continue  # stopped meanwhile: its answer no longer matters
+                if renewed:
+                    ticket.renewed(sent_at)
+                else:
+                    group.tickets.remove(ticket)
+                    lost.append(ticket)
+            if group.tickets:
+                group.next_at = sent_at + group.interval()
         return lost
 
 
-_keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncKeeper] = (
-    weakref.WeakKeyDictionary()
-)
+if True:  # ASYNC
+    _keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncKeeper] = (
+        weakref.WeakKeyDictionary()
+    )
 
+    def keeper() -> AsyncKeeper:
+        """The keeper of the running event loop."""
+        loop = asyncio.get_running_loop()
+        found = _keepers.get(loop)
+        if found is None:
+            found = _keepers[loop] = AsyncKeeper()
+        return found
 
-def keeper() -> AsyncKeeper:
-    """The keeper of the running event loop."""
-    loop = asyncio.get_running_loop()
-    found = _keepers.get(loop)
-    if found is None:
-        found = _keepers[loop] = AsyncKeeper()
-    return found
+else:
+    _keeper = AsyncKeeper()
+
+    def keeper() -> AsyncKeeper:
+        """The keeper of this process."""
+        return _keeper
+
+    def _after_fork() -> None:
+        # A forked child holds none of its parent's leases, and has no keeper thread.
+        global _keeper
+        _keeper = AsyncKeeper()
+        from pylease import targets
+
+        targets.reset_registry()
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork)

@@ -1,52 +1,67 @@
-"""The asynchronous Python API: :func:`alease`, :func:`arun_exclusive`, :func:`akeep_fresh`.
+# The source of pylease/leasing.py: tools/async_to_sync.py writes it from this file.
+"""The Python API: :func:`alease`, :func:`arun_exclusive` and :func:`akeep_fresh`.
 
-The twin of :mod:`pylease.leasing`. One difference an event loop allows: when the
-lease is lost, the task running the body is cancelled (``cancel_on_lost``), and the
-block then ends with :class:`LeaseLost` instead of ``CancelledError``.
+Every operation is one statement that commits on its own; the database decides
+every race. While the body runs, the keeper (:mod:`pylease.heartbeat_async`) renews
+the lease on a connection of its own.
+
+Where the two twins differ, on purpose (the
+``if True:  # ASYNC`` blocks): on an event loop, when the lease is lost, the task
+running the body is cancelled (``cancel_on_lost``) and the block then ends with
+:class:`LeaseLost` instead of ``CancelledError``. A thread cannot be stopped safely,
+so a sync body that must not outlive its lease calls :meth:`Held.check` between
+steps, or passes ``on_lost`` to be told at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from pylease import _validate
-from pylease._backend import AsyncBackend
-from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat_async import AsyncTicket, keeper
-from pylease.leasing import (
+from pylease._acompat import asleep, monotonic
+from pylease._backend_async import AsyncBackend
+from pylease._lease_core import (
     POLL_LISTENING,
     POLL_NOT_LISTENING,
     SQLITE_FIRST_POLL,
     SQLITE_MAX_POLL,
-    Held,
     Options,
-    Outcome,
-    callable_option,
+    bool_option,
     current_holder,
-    default_holder,
+    end_keep_fresh,
     finish,
+    keep_fresh_options,
     next_pause,
     options,
 )
-from pylease.targets import ListenerLost
-from pylease.targets_async import AsyncLink, AsyncListener, link
+from pylease._lease_core import Held as Held
+from pylease._lease_core import Outcome as Outcome
+from pylease._lease_core import default_holder as default_holder
+from pylease._ticket import AsyncTicket
+from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
+from pylease.heartbeat_async import keeper
+from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
 from pylease.targets_async import check as check_target
 
 T = TypeVar("T")
 
+# on_lost: a plain function, or on an event loop a coroutine function too.
 AsyncLostCallback = Callable[[LeaseLost], object]
 
 
 async def acquire(
     link_: AsyncLink, opts: Options, holder: str, *, want_holder: bool
 ) -> tuple[int, float]:
-    """Claim the lease, waiting as allowed (see :func:`pylease.leasing.acquire`)."""
+    """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
+
+    With ``wait``, a busy first attempt starts a LISTEN, then tries again at once (a
+    release between the two attempts is not missed), then retries on every
+    notification naming this lease, on the poll interval, and at the holder's expiry.
+    """
     name, ttl = opts.name, opts.ttl
 
     async def claim(b: AsyncBackend) -> int | None:
@@ -55,7 +70,7 @@ async def acquire(
     async def status(b: AsyncBackend) -> list[Any]:
         return await b.status(name)
 
-    start = sent_at = time.monotonic()
+    start = sent_at = monotonic()
     fence = await link_.run(claim, name=name, retry=True)
     if fence is not None:
         return fence, sent_at
@@ -68,12 +83,12 @@ async def acquire(
     backoff = SQLITE_FIRST_POLL if link_.sqlite else 0.01
     try:
         while True:
-            sent_at = time.monotonic()
+            sent_at = monotonic()
             fence = await link_.run(claim, name=name, retry=True)
             if fence is not None:
                 return fence, sent_at
             current, expires_at = current_holder(await link_.run(status, name=name))
-            now = time.monotonic()
+            now = monotonic()
             if now >= deadline:
                 raise LeaseBusy(name, holder=current, waited=now - start)
             if link_.sqlite:
@@ -86,7 +101,7 @@ async def acquire(
                 backoff = min(backoff * 2, 1.0)
             pause = next_pause(expires_at, poll, deadline - now, backoff)
             if listener is None:
-                await asyncio.sleep(pause)
+                await asleep(pause)
                 continue
             try:
                 await listener.wait(name, pause)
@@ -97,8 +112,23 @@ async def acquire(
             await listener.close()
 
 
+async def release(
+    link_: AsyncLink, ticket: AsyncTicket, min_hold: timedelta | None
+) -> tuple[bool | None, Exception | None]:
+    """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
+    name, holder = ticket.name, ticket.holder
+
+    async def give_back(b: AsyncBackend) -> bool:
+        return await b.release(name, holder, min_hold)
+
+    try:
+        return await link_.run_release(give_back, name=name), None
+    except Exception as exc:
+        return None, exc
+
+
 class AsyncLease:
-    """The async context manager :func:`alease` returns; single use."""
+    """The context manager :func:`alease` returns; single use."""
 
     def __init__(
         self,
@@ -107,17 +137,16 @@ class AsyncLease:
         *,
         on_lost: AsyncLostCallback | None,
         heartbeat_target: object,
-        cancel_on_lost: bool,
     ) -> None:
         self._target = target
         self._opts = opts
         self._on_lost = on_lost
         self._heartbeat_target = heartbeat_target
-        self._cancel_on_lost = cancel_on_lost
         self._link: AsyncLink | None = None
         self._ticket: AsyncTicket | None = None
-        self._cancelling = 0
         self.want_holder = True
+        if True:  # ASYNC
+            self._cancelling = 0
 
     async def __aenter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
@@ -132,13 +161,14 @@ class AsyncLease:
             await link_.close()
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
-        if self._cancel_on_lost:
-            ticket.task = asyncio.current_task()
-            if ticket.task is not None:
-                self._cancelling = ticket.task.cancelling()
+        if True:  # ASYNC
+            if opts.cancel_on_lost:
+                ticket.task = asyncio.current_task()
+                if ticket.task is not None:
+                    self._cancelling = ticket.task.cancelling()
         self._ticket = ticket
         if opts.heartbeat:
-            keeper().add(ticket, link_.source)
+            await keeper().add(ticket, link_.source)
         return Held(opts.name, holder, fence, ticket)
 
     async def __aexit__(
@@ -150,143 +180,232 @@ class AsyncLease:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
-        released: bool | None = None
-        trouble: Exception | None = None
-        ticket.task = None  # no cancellation from here on
-        outside_cancel = False
+        if True:  # ASYNC
+            ticket.task = None  # no cancellation from here on
+            outside_cancel = False
         try:
             if self._opts.heartbeat:
                 await keeper().remove(ticket, link_.source)
-            exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
-            name, holder, min_hold = ticket.name, ticket.holder, self._opts.min_hold
-            try:
-                released = await link_.run_release(
-                    lambda b: b.release(name, holder, min_hold), name=name
-                )
-            except Exception as err:
-                trouble = err
+            if True:  # ASYNC
+                exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
+            released, trouble = await release(link_, ticket, self._opts.min_hold)
         finally:
             await link_.close()
-        if outside_cancel and exc is None:
-            raise asyncio.CancelledError
-        if ticket.cancelled_body and isinstance(exc, asyncio.CancelledError):
-            # The body was cancelled because the lease was lost: that loss is the story.
-            error = ticket.error() or LeaseLost(ticket.name, "its body was cancelled")
-            if trouble is not None:
-                error.add_note(f"pylease: releasing lease {ticket.name!r} failed too: {trouble}")
-            raise error from exc
+        if True:  # ASYNC
+            if outside_cancel and exc is None:
+                raise asyncio.CancelledError
+            if ticket.cancelled_body and isinstance(exc, asyncio.CancelledError):
+                # The body was cancelled because the lease was lost: that loss is the story.
+                error = ticket.error() or LeaseLost(ticket.name, "its body was cancelled")
+                if trouble is not None:
+                    error.add_note(
+                        f"pylease: releasing lease {ticket.name!r} failed too: {trouble}"
+                    )
+                raise error from exc
         finish(ticket, exc, released, trouble)
 
-    async def _absorb_our_cancel(
-        self, ticket: AsyncTicket, exc: BaseException | None
-    ) -> tuple[BaseException | None, bool]:
-        """Take back the cancellation this lease requested, leaving any other one be.
+    if True:  # ASYNC
 
-        Returns the block's exception and whether somebody else cancelled the task too.
-        """
-        if not ticket.cancelled_body:
+        async def _absorb_our_cancel(
+            self, ticket: AsyncTicket, exc: BaseException | None
+        ) -> tuple[BaseException | None, bool]:
+            """Take back the cancellation this lease requested, leaving any other one be.
+
+            Returns the block's exception and whether somebody else cancelled the task too.
+            """
+            if not ticket.cancelled_body:
+                return exc, False
+            task = asyncio.current_task()
+            assert task is not None
+            if not isinstance(exc, asyncio.CancelledError):
+                # The body swallowed the cancellation, or it is still pending: if so, it
+                # lands here rather than in the release.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0)
+            if task.uncancel() > self._cancelling:
+                ticket.cancelled_body = False
+                return exc, True
             return exc, False
-        task = asyncio.current_task()
-        assert task is not None
-        if not isinstance(exc, asyncio.CancelledError):
-            # The body swallowed the cancellation, or it is still pending: if so, it
-            # lands here rather than in the release.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.sleep(0)
-        if task.uncancel() > self._cancelling:
-            ticket.cancelled_body = False
-            return exc, True
-        return exc, False
 
 
-def alease(
-    target: object,
-    name: str,
-    ttl: timedelta | float,
-    *,
-    holder: str | None = None,
-    wait: timedelta | float = 0,
-    heartbeat: bool = True,
-    on_lost: AsyncLostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
-    cancel_on_lost: bool = True,
-) -> AsyncLease:
-    """Hold the lease ``name`` while the ``async with`` block runs.
+if True:  # ASYNC
 
-    ::
+    def alease(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        *,
+        holder: str | None = None,
+        wait: timedelta | float = 0,
+        heartbeat: bool = True,
+        on_lost: AsyncLostCallback | None = None,
+        min_hold: timedelta | float | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+        cancel_on_lost: bool = True,
+    ) -> AsyncLease:
+        """Hold the lease ``name`` while the ``async with`` block runs.
 
-        async with alease(aconn, "sweep", ttl=300) as held:
-            ...
+        ::
 
-    The arguments are those of :func:`pylease.lease`, with async targets (a psycopg
-    ``AsyncConnection``, an ``AsyncConnectionPool``, a URL, a ``sqlite3.Connection``).
-    ``on_lost`` may be a plain function or a coroutine function.
+            async with alease(aconn, "sweep", ttl=300) as held:
+                ...
 
-    :param cancel_on_lost: when the lease is lost, cancel the task running the block
-        (default True); the block then raises :class:`LeaseLost`.
-    :raises LeaseBusy: the lease is held by another holder (after ``wait``).
-    :raises LeaseLost: the lease was lost while the block ran.
-    """
-    opts = options(
-        name,
-        ttl,
-        holder=holder,
-        wait=wait,
-        heartbeat=heartbeat,
-        on_lost=on_lost,
-        min_hold=min_hold,
-        poll_interval=poll_interval,
-    )
-    if not isinstance(cancel_on_lost, bool):
-        raise InvalidArgument(
-            "pylease: cancel_on_lost must be True or False", parameter="cancel_on_lost"
+        The arguments are those of :func:`pylease.lease`, with async targets (a psycopg
+        ``AsyncConnection``, an ``AsyncConnectionPool``, a URL, a ``sqlite3.Connection``).
+        ``on_lost`` may be a plain function or a coroutine function.
+
+        :param cancel_on_lost: when the lease is lost, cancel the task running the block
+            (default True); the block then raises :class:`LeaseLost`.
+        :raises LeaseBusy: the lease is held by another holder (after ``wait``).
+        :raises LeaseLost: the lease was lost while the block ran.
+        """
+        opts = options(
+            name,
+            ttl,
+            holder=holder,
+            wait=wait,
+            heartbeat=heartbeat,
+            on_lost=on_lost,
+            min_hold=min_hold,
+            poll_interval=poll_interval,
         )
-    check_target(target, heartbeat_target)
-    return AsyncLease(
-        target,
-        opts,
-        on_lost=on_lost,
-        heartbeat_target=heartbeat_target,
-        cancel_on_lost=cancel_on_lost,
-    )
+        bool_option("cancel_on_lost", cancel_on_lost)
+        check_target(target, heartbeat_target)
+        return AsyncLease(
+            target,
+            opts._replace(cancel_on_lost=cancel_on_lost),
+            on_lost=on_lost,
+            heartbeat_target=heartbeat_target,
+        )
+
+    async def arun_exclusive(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        work: Callable[[], Awaitable[T]],
+        *,
+        holder: str | None = None,
+        wait: timedelta | float = 0,
+        heartbeat: bool = True,
+        on_lost: AsyncLostCallback | None = None,
+        min_hold: timedelta | float | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+        cancel_on_lost: bool = True,
+    ) -> Outcome[T]:
+        """Await ``work()`` under the lease ``name``: the twin of :func:`pylease.run_exclusive`.
+
+        A busy lease is silent (``Outcome(False, None)``); every other failure raises.
+        """
+        if not callable(work):
+            raise InvalidArgument("pylease: work must be callable", parameter="work")
+        cm = alease(
+            target,
+            name,
+            ttl,
+            holder=holder,
+            wait=wait,
+            heartbeat=heartbeat,
+            on_lost=on_lost,
+            min_hold=min_hold,
+            heartbeat_target=heartbeat_target,
+            poll_interval=poll_interval,
+            cancel_on_lost=cancel_on_lost,
+        )
+        return await _run_in(cm, work)
+
+else:
+
+    def alease(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        *,
+        holder: str | None = None,
+        wait: timedelta | float = 0,
+        heartbeat: bool = True,
+        on_lost: AsyncLostCallback | None = None,
+        min_hold: timedelta | float | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+    ) -> AsyncLease:
+        """Hold the lease ``name`` while the ``with`` block runs.
+
+        ::
+
+            with lease(conn, "sweep", ttl=timedelta(minutes=5)) as held:
+                ...  # held.name, held.holder, held.fence; held.check() between steps
+
+        :param target: a psycopg ``Connection``, a psycopg_pool ``ConnectionPool``, a URL
+            (``postgresql://...``, ``sqlite:///path``) or a ``sqlite3.Connection``.
+        :param ttl: how long the lease outlives its last renewal (timedelta or seconds).
+        :param holder: the holder token; default unique per claim (host, pid, 128 bits).
+        :param wait: how long to keep trying when the lease is busy (default: not at all).
+        :param heartbeat: renew every ttl/3 while the block runs (default True).
+        :param on_lost: called with the :class:`LeaseLost` once the heartbeat learns the
+            lease is gone; runs on the keeper thread.
+        :param min_hold: on release, keep the name unavailable until claim time + min_hold.
+        :param heartbeat_target: for a ``Connection`` target, where renewals run instead
+            of a second connection opened like it: a URL, a pool or a dedicated connection.
+        :param poll_interval: seconds between retries while waiting when no notification
+            comes (default 5 s while LISTENing, 0.5 s without; SQLite polls at 5-50 ms).
+        :raises LeaseBusy: the lease is held by another holder (after ``wait``).
+        :raises LeaseLost: the block returned, but the lease was lost meanwhile.
+        """
+        opts = options(
+            name,
+            ttl,
+            holder=holder,
+            wait=wait,
+            heartbeat=heartbeat,
+            on_lost=on_lost,
+            min_hold=min_hold,
+            poll_interval=poll_interval,
+        )
+        check_target(target, heartbeat_target)
+        return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
+
+    async def arun_exclusive(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        work: Callable[[], Awaitable[T]],
+        *,
+        holder: str | None = None,
+        wait: timedelta | float = 0,
+        heartbeat: bool = True,
+        on_lost: AsyncLostCallback | None = None,
+        min_hold: timedelta | float | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+    ) -> Outcome[T]:
+        """Run ``work()`` under the lease ``name``, for scheduled sweeps.
+
+        A busy lease is silent: ``Outcome(ran=False, result=None)``. Every other failure
+        raises (a missing schema, an unreachable database, the work's own exception, a
+        lease lost while the work ran), so a broken deployment never looks like a healthy
+        one that is merely losing races. Use :func:`lease` when the work needs the fence.
+        """
+        if not callable(work):
+            raise InvalidArgument("pylease: work must be callable", parameter="work")
+        cm = alease(
+            target,
+            name,
+            ttl,
+            holder=holder,
+            wait=wait,
+            heartbeat=heartbeat,
+            on_lost=on_lost,
+            min_hold=min_hold,
+            heartbeat_target=heartbeat_target,
+            poll_interval=poll_interval,
+        )
+        return await _run_in(cm, work)
 
 
-async def arun_exclusive(
-    target: object,
-    name: str,
-    ttl: timedelta | float,
-    work: Callable[[], Awaitable[T]],
-    *,
-    holder: str | None = None,
-    wait: timedelta | float = 0,
-    heartbeat: bool = True,
-    on_lost: AsyncLostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
-    cancel_on_lost: bool = True,
-) -> Outcome[T]:
-    """Await ``work()`` under the lease ``name``: the twin of :func:`pylease.run_exclusive`.
-
-    A busy lease is silent (``Outcome(False, None)``); every other failure raises.
-    """
-    if not callable(work):
-        raise InvalidArgument("pylease: work must be callable", parameter="work")
-    cm = alease(
-        target,
-        name,
-        ttl,
-        holder=holder,
-        wait=wait,
-        heartbeat=heartbeat,
-        on_lost=on_lost,
-        min_hold=min_hold,
-        heartbeat_target=heartbeat_target,
-        poll_interval=poll_interval,
-        cancel_on_lost=cancel_on_lost,
-    )
+async def _run_in(cm: AsyncLease, work: Callable[[], Awaitable[T]]) -> Outcome[T]:
+    """Run ``work()`` inside ``cm``; a busy lease is ``Outcome(False, None)``."""
     cm.want_holder = False  # a busy lease is silent here: no need to ask who holds it
     try:
         await cm.__aenter__()
@@ -302,7 +421,7 @@ async def arun_exclusive(
 
 
 class AsyncKeepFresh:
-    """The async context manager :func:`akeep_fresh` returns; single use."""
+    """The context manager :func:`akeep_fresh` returns; single use."""
 
     def __init__(
         self,
@@ -326,7 +445,7 @@ class AsyncKeepFresh:
         name, holder, ttl = self._name, self._holder, self._ttl
         self._link = link_ = link(self._target)
         try:
-            sent_at = time.monotonic()
+            sent_at = monotonic()
             renewed = await link_.run(lambda b: b.renew(name, holder, ttl), name=name, retry=True)
             rows = await link_.run(lambda b: b.status(name), name=name)
             row = next((r for r in rows if r.holder == holder), None)
@@ -336,12 +455,17 @@ class AsyncKeepFresh:
             self._link = None
             await link_.close()
             raise
+        # The row's own clock gives the ttl now in force: expires_at - renewed_at.
+        # Never cancels: the body is the helper's own work.
         ticket = AsyncTicket(
-            name, holder, ttl or (row.expires_at - row.renewed_at), sent_at=sent_at
+            name,
+            holder,
+            ttl or (row.expires_at - row.renewed_at),
+            sent_at=sent_at,
+            on_lost=self._on_lost,
         )
-        ticket.on_lost = self._on_lost  # never cancels: the body is the helper's own work
         self._ticket = ticket
-        keeper().add(ticket, link_.source)
+        await keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)
 
     async def __aexit__(
@@ -357,13 +481,7 @@ class AsyncKeepFresh:
             await keeper().remove(ticket, link_.source)
         finally:
             await link_.close()
-        lost = ticket.error()
-        if lost is None:
-            return
-        if exc is None:
-            raise lost
-        if not (isinstance(exc, LeaseLost) and exc.name == ticket.name):
-            exc.add_note(f"pylease: {lost}")
+        end_keep_fresh(ticket, exc)
 
 
 def akeep_fresh(
@@ -374,13 +492,18 @@ def akeep_fresh(
     ttl: timedelta | float | None = None,
     on_lost: AsyncLostCallback | None = None,
 ) -> AsyncKeepFresh:
-    """Keep somebody else's lease fresh while the ``async with`` block runs.
+    """Keep somebody else's lease fresh while the ``async with`` block runs; never release it.
 
-    The twin of :func:`pylease.keep_fresh`; it never releases and never cancels.
+    For a helper process handed the holder token (e.g. through ``PYLEASE_HOLDER``),
+    so the lease outlives an owner that died without cleaning up only as long as
+    the helper works. It renews at once (``LeaseLost`` if the lease is not that
+    holder's), then every ttl/3 with the keeper. Release stays the owner's; it never
+    cancels the body.
+
+    :param ttl: the ttl each renewal grants; default: the one in force.
+    :raises LeaseLost: at entry if the lease is not held by ``holder``; at exit if it
+        was lost meanwhile.
     """
-    name = _validate.key("name", name)
-    holder = _validate.key("holder", holder)
-    ttl_ = None if ttl is None else _validate.ttl(ttl)
-    callable_option("on_lost", on_lost)
+    name_, holder_, ttl_ = keep_fresh_options(name, holder, ttl, on_lost)
     check_target(target)
-    return AsyncKeepFresh(target, name, holder, ttl_, on_lost)
+    return AsyncKeepFresh(target, name_, holder_, ttl_, on_lost)

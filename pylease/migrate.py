@@ -19,7 +19,12 @@ from psycopg import sql
 
 from pylease import dsn as dsn_mod
 from pylease._resources import data_dir
-from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument, PyleaseError
+from pylease.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidArgument,
+    MigrationError,
+)
 
 LOCK_TABLE = "_pylease_yoyo_lock"
 ADVISORY_KEY = "SELECT pg_try_advisory_lock(hashtextextended('pylease migrate ' || %s, 0))"
@@ -28,10 +33,6 @@ DEFAULT_LOCK_WAIT = 60.0
 MAX_SCHEMA_BYTES = 63
 
 Say = Callable[[str], None]
-
-
-class MigrationError(PyleaseError):
-    """The schema could not be migrated."""
 
 
 def _postgres_migrations() -> Any:

@@ -1,14 +1,29 @@
-"""How a lease reaches its database, for the asynchronous API.
+# The source of pylease/targets.py: tools/async_to_sync.py writes it from this file.
+"""How a lease reaches its database.
 
-The twin of :mod:`pylease.targets`: a target of :func:`pylease.alease` is a psycopg
-``AsyncConnection``, a psycopg_pool ``AsyncConnectionPool``, a URL or a
-``sqlite3.Connection`` (run in a worker thread). Async connections belong to one
-event loop, so sources are shared per loop, not per process.
+A *target* is what the user hands to :func:`pylease.alease`: a psycopg
+``AsyncConnection``, a psycopg_pool ``AsyncConnectionPool``, a URL (``postgresql://...``
+or ``sqlite:///path``) or a ``sqlite3.Connection``. :func:`link` turns it into the
+lease's :class:`AsyncLink`, which knows
+
+- how to run one operation as a transaction of its own (claim, release), never
+  inside the caller's open transaction;
+- its :class:`AsyncSource`: the connection renewals run on, shared by every lease
+  that reaches the same database (see :mod:`pylease.heartbeat_async`);
+- how to LISTEN for released leases while waiting (PostgreSQL only).
+
+Where the two twins differ (the ``if True:  # ASYNC`` blocks): on an event loop,
+sources are shared per loop, not per process, since a psycopg connection of asyncio
+belongs to one loop; and a ``sqlite3.Connection`` may refuse worker threads, so on
+an event loop everything runs on a SQLite connection of pylease's own, in worker
+threads, where the sync API claims and releases on the caller's connection when it
+is idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import weakref
@@ -18,24 +33,24 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from pylease import dsn as dsn_mod
-from pylease._backend import AsyncBackend
+from pylease._acompat import ALock, AMutex, ato_thread
+from pylease._backend_async import AsyncBackend
+from pylease._conninfo import CHANNEL as CHANNEL
+from pylease._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
+from pylease._conninfo import LISTEN_APP as LISTEN_APP
+from pylease._conninfo import check_url as check_url
+from pylease._conninfo import connection_conninfo as connection_conninfo
+from pylease._conninfo import conninfo_of
+from pylease._conninfo import is_postgres_url as is_postgres_url
+from pylease._conninfo import own_conninfo as own_conninfo
+from pylease._conninfo import pool_conninfo as pool_conninfo
+from pylease._postgres_async import AsyncPostgresBackend, wrap_errors
+from pylease._target_types import async_pool_class
+from pylease._target_types import bad_target as bad_target
+from pylease._target_types import is_idle as is_idle
+from pylease._target_types import sqlite_location as sqlite_location
+from pylease._target_types import sqlite_module as sqlite_module
 from pylease.errors import DatabaseUnavailable, InvalidArgument
-from pylease.postgres import AsyncPostgresBackend, wrap_errors
-from pylease.targets import (
-    CHANNEL,
-    HEARTBEAT_APP,
-    LISTEN_APP,
-    ListenerLost,
-    bad_target,
-    check_url,
-    connection_conninfo,
-    is_idle,
-    is_postgres_url,
-    own_conninfo,
-    pool_conninfo,
-    sqlite_location,
-    sqlite_module,
-)
 
 T = TypeVar("T")
 AsyncOp = Callable[[AsyncBackend], Awaitable[T]]
@@ -44,7 +59,7 @@ logger = logging.getLogger("pylease")
 
 
 async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnection[Any]:
-    """Open an async connection of pylease's own: autocommit, no prepared statements."""
+    """Open a connection of pylease's own: autocommit, no prepared statements."""
     with wrap_errors(name):
         return await psycopg.AsyncConnection.connect(
             conninfo, autocommit=True, prepare_threshold=None
@@ -67,11 +82,18 @@ async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T
     return result
 
 
+# Sources: the connections renewals (and URL and pool leases) run on ------------
+
+
 class AsyncSource(Protocol):
-    """Where renewals run: one per database per event loop, shared by its leases."""
+    """Where renewals run: one per database, shared by its leases."""
 
     key: Hashable
-    label: str
+
+    @property
+    def label(self) -> str:
+        """How logs name it (never with a password)."""
+        ...
 
     async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
@@ -81,14 +103,25 @@ class AsyncSource(Protocol):
 
 
 class AsyncConninfoSource:
-    """One async connection of pylease's own, opened on first use and again after it breaks."""
+    """One connection of pylease's own, opened on first use and again after it breaks.
+
+    Built for every lease but kept only by the first of its key (see the registry),
+    so everything derived from the conninfo is computed when first needed.
+    """
 
     def __init__(self, conninfo: str) -> None:
         self.key: Hashable = ("postgres", conninfo)
-        self.label = dsn_mod.redact(conninfo)
-        self._conninfo = own_conninfo(conninfo, HEARTBEAT_APP)
-        self._lock = asyncio.Lock()
+        self._given = conninfo
+        self._lock = ALock()
         self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    @functools.cached_property
+    def label(self) -> str:
+        return dsn_mod.redact(self._given)
+
+    @functools.cached_property
+    def _conninfo(self) -> str:
+        return own_conninfo(self._given, HEARTBEAT_APP)
 
     async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         async with self._lock:
@@ -103,10 +136,12 @@ class AsyncConninfoSource:
                 await self._discard()
                 if fresh or not retry:
                     raise
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # ASYNC
                 # Cancelled mid-statement: the connection's state is unknown.
                 await asyncio.shield(self._discard())
                 raise
+            # The connection broke while it sat idle (server restart, terminated
+            # backend): one fresh attempt before reporting it.
             self._conn = await connect_own(self._conninfo, name)
             return await op(AsyncPostgresBackend(self._conn))
 
@@ -121,7 +156,7 @@ class AsyncConninfoSource:
 
 
 class AsyncPoolSource:
-    """A psycopg_pool ``AsyncConnectionPool``: each operation borrows a connection."""
+    """A psycopg_pool pool: each operation borrows a connection."""
 
     def __init__(self, pool: Any) -> None:
         self.key: Hashable = ("pool", id(pool))
@@ -134,6 +169,7 @@ class AsyncPoolSource:
         except DatabaseUnavailable:
             if not retry:
                 raise
+        # The pool replaces a connection found broken; try once more on another.
         return await self._run(op, name)
 
     async def _run(self, op: AsyncOp[T], name: str | None) -> T:
@@ -147,13 +183,13 @@ class AsyncPoolSource:
 
 
 class AsyncConnectionSource:
-    """An async connection the user dedicated to pylease (``heartbeat_target=conn``)."""
+    """A connection the user dedicated to pylease (``heartbeat_target=conn``)."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.key: Hashable = ("connection", id(conn))
         self.label = "a dedicated connection"
         self.conn = conn
-        self._lock = asyncio.Lock()
+        self._lock = ALock()
 
     async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         async with self._lock:
@@ -164,21 +200,22 @@ class AsyncConnectionSource:
 
 
 class AsyncSqliteSource:
-    """A SQLite database file on a connection of pylease's own, its calls in worker threads."""
+    """A SQLite database file, on a connection of pylease's own, usable from any thread.
+
+    An in-memory database has no second connection: its only one is shared.
+    """
 
     def __init__(self, location: str | None = None, conn: sqlite3.Connection | None = None) -> None:
         self.key: Hashable = ("sqlite", location) if location is not None else ("sqlite", id(conn))
         self.label = location or "an in-memory SQLite database"
         self._conn = conn
         self._location = location
-        self._lock = asyncio.Lock()
+        self._lock = ALock()
 
     async def connection(self) -> sqlite3.Connection:
         async with self._lock:
             if self._conn is None:
-                conn: sqlite3.Connection = await asyncio.to_thread(
-                    sqlite_module().connect, self._location
-                )
+                conn: sqlite3.Connection = await ato_thread(sqlite_module().connect, self._location)
                 self._conn = conn
             return self._conn
 
@@ -190,45 +227,63 @@ class AsyncSqliteSource:
         async with self._lock:
             conn, self._conn = self._conn, None
         if conn is not None and self._location is not None:
-            await asyncio.to_thread(conn.close)
+            await ato_thread(conn.close)
 
 
-class _AsyncRegistry:
-    """The sources in use on one event loop, shared by key and closed with their last lease."""
+class AsyncRegistry:
+    """The sources in use, shared by key and closed with their last lease."""
 
     def __init__(self) -> None:
+        self._mutex = AMutex()
         self._sources: dict[Hashable, tuple[AsyncSource, int]] = {}
 
     def acquire(self, source: AsyncSource) -> AsyncSource:
-        found, count = self._sources.get(source.key, (source, 0))
-        self._sources[source.key] = (found, count + 1)
-        return found
+        with self._mutex:
+            found, count = self._sources.get(source.key, (source, 0))
+            self._sources[source.key] = (found, count + 1)
+            return found
 
     async def release(self, source: AsyncSource) -> None:
-        found, count = self._sources[source.key]
-        if count > 1:
-            self._sources[source.key] = (found, count - 1)
-            return
-        del self._sources[source.key]
+        with self._mutex:
+            found, count = self._sources[source.key]
+            if count > 1:
+                self._sources[source.key] = (found, count - 1)
+                return
+            del self._sources[source.key]
         await found.close()
 
 
-_registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncRegistry] = (
-    weakref.WeakKeyDictionary()
-)
+if True:  # ASYNC
+    _registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncRegistry] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def registry() -> AsyncRegistry:
+        """The registry of the running event loop."""
+        loop = asyncio.get_running_loop()
+        found = _registries.get(loop)
+        if found is None:
+            found = _registries[loop] = AsyncRegistry()
+        return found
+
+else:
+    _registry = AsyncRegistry()
+
+    def registry() -> AsyncRegistry:
+        """The registry of this process."""
+        return _registry
+
+    def reset_registry() -> None:
+        """Forget every source without closing it (a forked child must not share them)."""
+        global _registry
+        _registry = AsyncRegistry()
 
 
-def registry() -> _AsyncRegistry:
-    """The registry of the running event loop."""
-    loop = asyncio.get_running_loop()
-    found = _registries.get(loop)
-    if found is None:
-        found = _registries[loop] = _AsyncRegistry()
-    return found
+# Listening -------------------------------------------------------------------
 
 
 class AsyncListener:
-    """An async connection LISTENing on ``pylease``."""
+    """A connection LISTENing on ``pylease``, to wake a waiter when a lease is released."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn: psycopg.AsyncConnection[Any] | None = conn
@@ -242,7 +297,7 @@ class AsyncListener:
             )
             await conn.execute("LISTEN " + CHANNEL)
         except psycopg.Error as exc:
-            logger.info("cannot LISTEN for lease %r, polling instead: %s", name, exc)
+            logger.info("pylease: cannot LISTEN for lease %r, polling instead: %s", name, exc)
             return None
         return cls(conn)
 
@@ -256,7 +311,7 @@ class AsyncListener:
                 if notify.payload == name:
                     return True
         except psycopg.Error as exc:
-            logger.info("LISTEN connection lost while waiting for %r: %s", name, exc)
+            logger.info("pylease: LISTEN connection lost while waiting for %r: %s", name, exc)
             await self.close()
             raise ListenerLost from exc
         return False
@@ -267,31 +322,57 @@ class AsyncListener:
             await conn.close()
 
 
+class ListenerLost(Exception):
+    """The LISTEN connection broke: the waiter polls from now on."""
+
+
+# Links: one lease's way to its database -----------------------------------------
+
+
 class AsyncLink:
-    """How one async lease claims, releases, renews and listens (see :class:`targets.Link`)."""
+    """How one lease claims, releases, renews and listens.
+
+    Claim and release run on the caller's connection when it is idle (committed at
+    once), otherwise on the source: never inside a transaction the caller left open.
+    """
 
     def __init__(
         self,
         source: AsyncSource,
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        sqlite_conn: sqlite3.Connection | None = None,
         listen_conninfo: str | None = None,
     ) -> None:
         self.source = registry().acquire(source)
         self.conn = conn
+        self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, AsyncSqliteSource)
 
     async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
+            # A closed connection fails loudly here rather than silently elsewhere.
             return await run_committed(conn, op)
+        if True:  # ASYNC
+            pass  # no sqlite_conn on an event loop: see the module's docstring
+        else:
+            if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
+                backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
+                return await op(backend)
         return await self.source.run(op, name=name, retry=retry)
 
     async def run_release(self, op: AsyncOp[T], *, name: str) -> T:
         conn = self.conn
         if conn is not None and is_idle(conn):
             return await run_committed(conn, op)
+        if True:  # ASYNC
+            pass
+        else:
+            if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
+                backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
+                return await op(backend)
         return await self.source.run(op, name=name)
 
     async def listen(self, name: str) -> AsyncListener | None:
@@ -303,17 +384,9 @@ class AsyncLink:
         await registry().release(self.source)
 
 
-def _async_pool_class() -> type[Any] | None:
-    try:
-        from psycopg_pool import AsyncConnectionPool
-    except ImportError:  # pragma: no cover - psycopg_pool is an optional extra
-        return None
-    return AsyncConnectionPool
-
-
 def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, str | None]:
-    """The renewal source of an async target, and the conninfo to LISTEN with."""
-    pool_cls = _async_pool_class()
+    """The renewal source of a target, and the conninfo to LISTEN with (None: cannot)."""
+    pool_cls = async_pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
             return AsyncSqliteSource(target), None
@@ -325,8 +398,6 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
     elif pool_cls is not None and isinstance(target, pool_cls):
         return AsyncPoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
-        # Everything runs on pylease's own connection to the same file: the
-        # caller's may refuse worker threads (check_same_thread).
         location = sqlite_location(target)
         return AsyncSqliteSource(location, None if location else target), None
     raise bad_target(target, parameter, "alease")
@@ -352,13 +423,25 @@ def check(target: object, heartbeat_target: object = None) -> None:
 
 
 def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
-    """The :class:`AsyncLink` for a target of the asynchronous API (see ``targets.link``)."""
+    """The :class:`AsyncLink` for a target.
+
+    For a bare connection renewals run on a second connection opened with the
+    same parameters (password included, see :func:`connection_conninfo`), unless
+    ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
+    """
     check(target, heartbeat_target)
     if isinstance(target, psycopg.AsyncConnection):
         if heartbeat_target is None:
-            conninfo = connection_conninfo(target)
+            conninfo = conninfo_of(target)
             return AsyncLink(AsyncConninfoSource(conninfo), conn=target, listen_conninfo=conninfo)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return AsyncLink(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)
+    if True:  # ASYNC
+        pass
+    else:
+        if isinstance(target, sqlite3.Connection):
+            # Claim and release on the caller's connection when it is idle; renew on
+            # one of pylease's own to the same file, outside the caller's transactions.
+            return AsyncLink(source, sqlite_conn=target)
     return AsyncLink(source, listen_conninfo=listen)

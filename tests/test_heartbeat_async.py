@@ -1,4 +1,9 @@
-"""The async keeper: the twins of test_heartbeat.py."""
+# The source of tests/test_heartbeat.py: tools/async_to_sync.py writes it from this file.
+"""The keeper: one statement per tick and database, whatever the ttls.
+
+test_heartbeat.py is generated from test_heartbeat_async.py; the sync-only tests, about
+the keeper's thread, are in test_heartbeat_threads.py.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import psycopg
 import pytest
 
 from pylease import LeaseLost, alease
+from pylease._acompat import asleep
 from pylease.heartbeat_async import keeper
 from tests.helpers_lease import (
     DETECT,
@@ -57,6 +63,7 @@ async def test_a_long_lease_is_renewed_with_the_short_ones(aconn: AConn, dsn: st
         alease(aconn, "long", ttl=60) as long,
     ):
         assert await asleep_until(lambda: short._ticket.renewals >= 3)
+        # One statement renews both: the long lease rides along with the short one.
         assert long._ticket.renewals >= 2
         assert await aclaim(other, "short") is None and await aclaim(other, "long") is None
 
@@ -71,23 +78,19 @@ async def test_a_failing_on_lost_callback_does_not_stop_the_keeper(
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as thief,
         alease(aconn, "other", ttl=0.4) as other,
     ):
-        with pytest.raises(LeaseLost):
-            async with alease(aconn, "sweep", ttl=0.4, on_lost=on_lost):
+        lost: LeaseLost | None = None
+        try:
+            async with alease(aconn, "sweep", ttl=0.4, on_lost=on_lost) as held:
                 await asteal(thief, "sweep")
-                await asyncio.sleep(5)  # cancelled by the loss
+                # On an event loop the loss cancels this wait; a thread sees it end.
+                assert await asleep_until(lambda: held.lost)
+        except LeaseLost as exc:
+            lost = exc
+        assert lost is not None
         renewals = other._ticket.renewals
         assert await asleep_until(lambda: other._ticket.renewals > renewals + 1)
         other.check()
     assert any("on_lost callback" in r.getMessage() for r in caplog.records)
-
-
-async def test_the_keeper_task_ends_with_the_last_lease(aconn: AConn) -> None:
-    async with alease(aconn, "sweep", ttl=0.3) as held:
-        assert await asleep_until(lambda: held._ticket.renewals >= 1)
-        task = keeper()._task
-        assert task is not None and not task.done()
-    assert keeper().tickets() == []
-    await asyncio.wait_for(task, 5)
 
 
 async def test_a_renewal_failure_is_logged_and_retried(
@@ -110,22 +113,35 @@ async def test_a_renewal_failure_is_logged_and_retried(
         )
         renewals = held._ticket.renewals
         assert await asleep_until(lambda: held._ticket.renewals > renewals)
-        await asyncio.sleep(0.1)
+        await asleep(0.1)
         held.check()
 
 
-async def test_a_renewal_that_hangs_does_not_delay_the_loss(aconn: AConn, dsn: str) -> None:
-    told = asyncio.Event()
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as locker:
-        # Another session locks the row: the next renewal waits for it, unanswered.
-        with pytest.raises(LeaseLost) as raised:
-            async with (
-                alease(
-                    aconn, "sweep", ttl=1, on_lost=lambda _e: told.set(), cancel_on_lost=False
-                ) as held,
-                locker.transaction(),
-            ):
-                await locker.execute("SELECT FROM pylease_leases WHERE name = 'sweep' FOR UPDATE")
-                await asyncio.wait_for(told.wait(), DETECT)
-                assert held.lost
-    assert "no renewal succeeded" in raised.value.reason
+if True:  # ASYNC
+    # The keeper's worker: a task here, a thread in test_heartbeat_threads.py.
+
+    async def test_the_keeper_task_ends_with_the_last_lease(aconn: AConn) -> None:
+        async with alease(aconn, "sweep", ttl=0.3) as held:
+            assert await asleep_until(lambda: held._ticket.renewals >= 1)
+            task = keeper()._task
+            assert task is not None and not task.done()
+        assert keeper().tickets() == []
+        await asyncio.wait_for(task, 5)
+
+    async def test_a_renewal_that_hangs_does_not_delay_the_loss(aconn: AConn, dsn: str) -> None:
+        told = asyncio.Event()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as locker:
+            # Another session locks the row: the next renewal waits for it, unanswered.
+            with pytest.raises(LeaseLost) as raised:
+                async with (
+                    alease(
+                        aconn, "sweep", ttl=1, on_lost=lambda _e: told.set(), cancel_on_lost=False
+                    ) as held,
+                    locker.transaction(),
+                ):
+                    await locker.execute(
+                        "SELECT FROM pylease_leases WHERE name = 'sweep' FOR UPDATE"
+                    )
+                    await asyncio.wait_for(told.wait(), DETECT)
+                    assert held.lost
+        assert "no renewal succeeded" in raised.value.reason

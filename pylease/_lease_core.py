@@ -1,0 +1,214 @@
+"""What the sync and async lease APIs share: the :class:`Held` lease, the
+:class:`Outcome` of a run, argument checks, the waiter's pacing, and how a lease
+block ends (:func:`finish`).
+
+Shared by :mod:`pylease.leasing` and :mod:`pylease.leasing_async`; nothing here
+does I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import socket
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from pylease import _validate
+from pylease._ticket import Ticket
+from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
+
+T = TypeVar("T")
+
+logger = logging.getLogger("pylease")
+
+# Seconds between attempts while waiting, when no notification arrives first.
+POLL_LISTENING = 5.0
+POLL_NOT_LISTENING = 0.5
+# SQLite has no NOTIFY: short sleeps that grow, so a handover is quick but cheap.
+SQLITE_FIRST_POLL = 0.005
+SQLITE_MAX_POLL = 0.05
+JITTER = 0.2
+
+
+def default_holder() -> str:
+    """``host:pid:<128 random bits>``: unique per claim, readable by humans."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(16)}"
+
+
+class Outcome(NamedTuple, Generic[T]):
+    """What :func:`~pylease.run_exclusive` did: ``ran`` is False when the lease was busy."""
+
+    ran: bool
+    result: T | None
+
+
+class Held:
+    """A lease this process holds (or, from :func:`~pylease.keep_fresh`, keeps fresh).
+
+    :ivar name: the lease's name.
+    :ivar holder: the holder token it was claimed with.
+    :ivar fence: the fence token: pass it to ``lease_holds()`` in fenced writes.
+    """
+
+    def __init__(self, name: str, holder: str, fence: int, ticket: Ticket) -> None:
+        self.name = name
+        self.holder = holder
+        self.fence = fence
+        self._ticket = ticket
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known to be no longer ours, or its ttl ran out."""
+        return self._ticket.error() is not None
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the lease is no longer ours.
+
+        A local check, no round trip: it reports what the heartbeat learned, and a
+        lease whose ttl ran out without a renewal.
+        """
+        error = self._ticket.error()
+        if error is not None:
+            raise error
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held"
+        return f"<Held {self.name!r} fence={self.fence} holder={self.holder!r} {state}>"
+
+
+def callable_option(parameter: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise InvalidArgument(f"pylease: {parameter} must be callable", parameter=parameter)
+
+
+def bool_option(parameter: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"pylease: {parameter} must be True or False", parameter=parameter)
+
+
+class Options(NamedTuple):
+    """The validated arguments of a lease."""
+
+    name: str
+    ttl: timedelta
+    holder: str | None
+    wait: float
+    heartbeat: bool
+    min_hold: timedelta | None
+    poll_interval: float | None
+    # On an event loop: cancel the task running the body when the lease is lost.
+    cancel_on_lost: bool = False
+
+
+def options(
+    name: object,
+    ttl: object,
+    *,
+    holder: object,
+    wait: object,
+    heartbeat: object,
+    on_lost: object,
+    min_hold: object,
+    poll_interval: object,
+) -> Options:
+    """Check every argument before any SQL runs (ValueError subclasses)."""
+    name = _validate.key("name", name)
+    ttl_ = _validate.ttl(ttl)
+    if holder is not None:
+        holder = _validate.key("holder", holder)
+    wait_ = _validate.span("wait", wait).total_seconds()
+    min_hold_ = None if min_hold is None else _validate.span("min_hold", min_hold)
+    poll = None
+    if poll_interval is not None:
+        poll = _validate.ttl(poll_interval, "poll_interval").total_seconds()
+    callable_option("on_lost", on_lost)
+    bool_option("heartbeat", heartbeat)
+    return Options(name, ttl_, holder, wait_, bool(heartbeat), min_hold_, poll)
+
+
+def keep_fresh_options(
+    name: object, holder: object, ttl: object, on_lost: object
+) -> tuple[str, str, timedelta | None]:
+    """The checked arguments of ``keep_fresh``: name, holder, ttl (None: the one in force)."""
+    name_ = _validate.key("name", name)
+    holder_ = _validate.key("holder", holder)
+    ttl_ = None if ttl is None else _validate.ttl(ttl)
+    callable_option("on_lost", on_lost)
+    return name_, holder_, ttl_
+
+
+def current_holder(rows: list[Any]) -> tuple[str | None, datetime | None]:
+    """The holder and expiry of a standing lease from ``status()`` rows."""
+    for row in rows:
+        if row.held:
+            return row.holder, row.expires_at
+    return None, None
+
+
+def next_pause(
+    expires_at: datetime | None, poll: float, deadline_in: float, backoff: float
+) -> float:
+    """How long to sleep before the next attempt: jittered, never past the expiry.
+
+    An expiry sends no notification, so the waiter wakes for it. ``expires_at`` is
+    the database's clock and ``datetime.now`` ours: skew only moves this wake-up.
+    """
+    pause = poll * random.uniform(1 - JITTER, 1 + JITTER)
+    if expires_at is not None:
+        until = (expires_at - datetime.now(UTC)).total_seconds()
+        # Past the expiry by our clock but still busy: skew, or a renewal raced us.
+        until = until + random.uniform(0.005, 0.03) if until > 0 else backoff
+        pause = min(pause, until)
+    return max(min(pause, deadline_in), 0.0)
+
+
+def finish(
+    ticket: Ticket,
+    exc: BaseException | None,
+    released: bool | None,
+    trouble: Exception | None,
+) -> None:
+    """Decide how a lease block ends, once the lease was given back (or not).
+
+    A body's own exception always stands, with any lease trouble as a note; a body
+    that returned while the lease was lost raises LeaseLost, since the work ran
+    unprotected; an unreachable database at release is only logged, the expiry
+    frees the lease.
+    """
+    lost = ticket.error()
+    if lost is None and released is False:
+        lost = LeaseLost(
+            ticket.name, "the release found it no longer ours (expired and taken, or stolen)"
+        )
+    if exc is not None:
+        if trouble is not None:
+            exc.add_note(f"pylease: releasing lease {ticket.name!r} failed too: {trouble}")
+        elif lost is not None and not (isinstance(exc, LeaseLost) and exc.name == ticket.name):
+            exc.add_note(f"pylease: {lost}")
+        return
+    if lost is not None:
+        raise lost from trouble
+    if isinstance(trouble, DatabaseUnavailable):
+        logger.warning(
+            "pylease: could not release lease %r, it stays held until it expires: %s",
+            ticket.name,
+            trouble,
+        )
+        return
+    if trouble is not None:
+        raise trouble
+
+
+def end_keep_fresh(ticket: Ticket, exc: BaseException | None) -> None:
+    """How a ``keep_fresh`` block ends: a lease lost meanwhile is raised, or noted on
+    the body's own exception."""
+    lost = ticket.error()
+    if lost is None:
+        return
+    if exc is None:
+        raise lost
+    if not (isinstance(exc, LeaseLost) and exc.name == ticket.name):
+        exc.add_note(f"pylease: {lost}")
