@@ -50,7 +50,7 @@ from pylease._target_types import bad_target as bad_target
 from pylease._target_types import is_idle as is_idle
 from pylease._target_types import sqlite_location as sqlite_location
 from pylease._target_types import sqlite_module as sqlite_module
-from pylease.errors import DatabaseUnavailable, InvalidArgument
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 
 T = TypeVar("T")
 AsyncOp = Callable[[AsyncBackend], Awaitable[T]]
@@ -67,7 +67,17 @@ async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnectio
 
 
 async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own."""
+    """Run ``op`` on an idle connection as a transaction of its own.
+
+    :raises ConfigurationError: the connection is not idle: its open transaction is
+        somebody else's, and a claim, renewal or release there would commit it.
+    """
+    if not conn.closed and not is_idle(conn):
+        raise ConfigurationError(
+            "pylease: a connection pylease was given for its own statements is inside a"
+            " transaction; pylease never runs a claim, renewal or release there (it would"
+            " commit that transaction)"
+        )
     if conn.autocommit:
         return await op(AsyncPostgresBackend(conn))
     try:
@@ -406,6 +416,12 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
     if isinstance(target, psycopg.AsyncConnection):
+        if heartbeat_target is target:
+            raise InvalidArgument(
+                "pylease: heartbeat_target must not be the lease's own connection: a renewal"
+                " there would run inside, and commit, the caller's transactions",
+                parameter="heartbeat_target",
+            )
         if heartbeat_target is not None:
             source, _listen = source_for(heartbeat_target, "heartbeat_target")
             if isinstance(source, AsyncSqliteSource):
