@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -32,6 +33,12 @@ class Ticket:
 
     ``expires`` is a monotonic-clock lower bound of the lease's expiry: the moment
     the last successful claim or renewal was *sent*, plus the ttl.
+
+    A ticket belongs to the process that claimed it: in a forked child it reads as
+    lost, and the child's lease block does nothing with it. ``abandoned`` is set when
+    its :class:`~pylease.Held` was collected while the block was never left; the
+    keeper then stops renewing it and releases it through ``link``, pylease's own way
+    to the database.
     """
 
     def __init__(
@@ -50,6 +57,9 @@ class Ticket:
         self.expires = sent_at + self.ttl
         self.lost: LeaseLost | None = None
         self.renewals = 0
+        self.pid = os.getpid()
+        self.abandoned = False
+        self.link: Any = None
 
     @property
     def deadline(self) -> float:
@@ -78,6 +88,8 @@ class Ticket:
         """A fresh LeaseLost if the lease is lost or past its expiry, else None."""
         if self.lost is not None:
             return LeaseLost(self.name, self.lost.reason)
+        if self.pid != os.getpid():
+            return LeaseLost(self.name, f"it is held by the parent process (pid {self.pid})")
         if time.monotonic() >= self.expires:
             return LeaseLost(self.name, "its ttl ran out without a renewal")
         return None
@@ -88,6 +100,19 @@ class AsyncTicket(Ticket):
 
     task: asyncio.Task[Any] | None = None
     cancelled_body = False
+
+
+def inherited(ticket: Ticket) -> bool:
+    """True in a forked child for a ticket of its parent's."""
+    return ticket.pid != os.getpid()
+
+
+def abandon(ticket: Ticket) -> None:
+    """The lease's Held was collected inside its block: stop renewing it (see the keepers).
+
+    A finalizer: it may run on any thread, in the middle of anything, so it only flags.
+    """
+    ticket.abandoned = True
 
 
 def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:
