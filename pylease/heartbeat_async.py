@@ -11,8 +11,11 @@ renewable thing (a semaphore slot, a leader term) is a group of its own, not a
 second keeper. A group ticks every third of its shortest ttl. A failed tick
 (connection dropped, server restarting) is retried with backoff until a lease's
 expiry minus a safety margin; a lease that no renewal could keep by then, or that a
-renewal answers false for, is lost: its ticket records why, and its ``on_lost``
-callback runs (in the keeper: keep it short).
+renewal answers false for, is lost: its ticket records why, the task running its body
+is cancelled (async, ``cancel_on_lost``), and only then its ``on_lost`` callback runs,
+in a task (a thread) of its own, so a slow or stuck callback never delays a renewal.
+A lease whose ``Held`` was collected while its block was never left is abandoned: no
+longer renewed, and released on pylease's own connection.
 
 Where the two keepers differ, on purpose (the ``if True:  # ASYNC`` blocks): on
 an event loop a renewal that hangs is abandoned at the earliest deadline of its batch
@@ -31,6 +34,7 @@ import random
 import weakref
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 
+from pylease import _claims
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
 from pylease._backend_async import AsyncBackend
 from pylease._ticket import AsyncTicket, Ticket, notify_lost
@@ -69,20 +73,38 @@ async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[s
 
 
 async def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
-    if ticket.on_lost is not None:
-        try:
-            if True:  # ASYNC
-                outcome = ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
-                if inspect.isawaitable(outcome):
-                    await outcome
-            else:
-                ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
-        except Exception:
-            logger.exception("on_lost callback for lease %r failed", ticket.name)
+    if ticket.on_lost is None:
+        return
+    try:
+        if True:  # ASYNC
+            outcome = ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+            if inspect.isawaitable(outcome):
+                await outcome
+        else:
+            ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+    except Exception:
+        logger.exception("on_lost callback for lease %r failed", ticket.name)
+
+
+if True:  # ASYNC
+    # Callbacks under way: the loop keeps only weak references to its tasks.
+    _callbacks: set[asyncio.Task[None]] = set()
+
+
+def tell_lost(ticket: Ticket, error: LeaseLost) -> None:
+    """Cancel the body first, then run ``on_lost`` where it cannot delay any renewal."""
     if True:  # ASYNC
         if isinstance(ticket, AsyncTicket) and ticket.task is not None and not ticket.task.done():
             ticket.cancelled_body = True
             ticket.task.cancel(f"pylease: lease {ticket.name!r} was lost")
+    if ticket.on_lost is None:
+        return
+    if True:  # ASYNC
+        task = aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
+        _callbacks.add(task)
+        task.add_done_callback(_callbacks.discard)
+    else:
+        aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
 
 
 class _Group:
@@ -189,6 +211,9 @@ class AsyncKeeper:
         """One round: lose the overdue, start the due ticks, or sleep; False when done."""
         async with self._cond:
             now = monotonic()
+            abandoned = [(g, t) for g in self._groups.values() for t in g.tickets if t.abandoned]
+            for group, ticket in abandoned:
+                group.tickets.remove(ticket)
             overdue = [
                 (g, t) for g in self._groups.values() for t in g.tickets if t.deadline <= now
             ]
@@ -208,7 +233,7 @@ class AsyncKeeper:
             done = not any(g.tickets for g in self._groups.values())
             if not done:
                 self._idle_since = None
-            elif not overdue and not due:
+            elif not overdue and not due and not abandoned:
                 if self._idle_since is None:
                     self._idle_since = now
                 if now - self._idle_since < LINGER:
@@ -219,7 +244,7 @@ class AsyncKeeper:
                 # another worker.
                 self._idle_since = None
                 self._task = None
-            elif not overdue and not due:
+            elif not overdue and not due and not abandoned:
                 wake = min(
                     min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
                     min(t.deadline for g in self._groups.values() for t in g.tickets),
@@ -232,8 +257,36 @@ class AsyncKeeper:
             why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
             error = notify_lost(ticket, why)
             if error is not None:
-                await call_on_lost(ticket, error)
+                tell_lost(ticket, error)
+        for group, ticket in abandoned:
+            aspawn(self._give_back, group, ticket, name="pylease-abandoned")
         return not done
+
+    async def _give_back(self, group: _Group, ticket: Ticket) -> None:
+        """Release an abandoned lease on pylease's own connection, where that is safe."""
+        async with self._cond:
+            # Its renewal under way, if any, is answered before the release goes out.
+            limit = monotonic() + STOP_WAIT
+            while ticket in self._inflight and monotonic() < limit:
+                await acondition_wait(self._cond, limit - monotonic())
+        logger.warning(
+            "lease %r was abandoned (its Held collected inside its block): releasing it",
+            ticket.name,
+        )
+        name, holder = ticket.name, ticket.holder
+
+        async def give_back(b: AsyncBackend) -> bool:
+            return await b.release(name, holder)
+
+        try:
+            # The source, never the caller's connection: that one may be in use.
+            await group.source.run(give_back, name=name)
+        except Exception as exc:
+            logger.warning("could not release abandoned lease %r: %s", name, exc)
+        finally:
+            _claims.leave(name, holder)
+            if ticket.link is not None:
+                await ticket.link.close()
 
     async def _tick(self, group: _Group, batch: list[Ticket]) -> None:
         lost: list[Ticket] = []
@@ -252,7 +305,7 @@ class AsyncKeeper:
             why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
             error = notify_lost(ticket, why)
             if error is not None:
-                await call_on_lost(ticket, error)
+                tell_lost(ticket, error)
 
     async def _renew(self, group: _Group, batch: list[Ticket]) -> list[Ticket]:
         """Renew ``batch`` in one statement; the tickets found lost."""
