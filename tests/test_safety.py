@@ -99,7 +99,6 @@ def test_1_an_owner_sees_a_ttl_shortened_by_another_renewer(db: Db, w: Witness, 
 # 2. Fork --------------------------------------------------------------------------
 
 
-@pending(2, "a forked child holds none of its parent's leases (leasing_async.py, gen)")
 def test_2_a_forked_child_leaving_the_block_releases_nothing(db: Db, w: Witness) -> None:
     fork = Fork()
     with fork.guard(), lease(db.url, "fork", ttl=3) as held:
@@ -118,7 +117,6 @@ def renewal_in_flight() -> bool:
     return any(t.name.startswith("pylease-renew") for t in threading.enumerate())
 
 
-@pending(2, "a forked child does no I/O and takes no lock in the block it inherited (gen)")
 def test_2_a_child_forked_during_a_renewal_leaves_without_deadlock(
     pg: Db, w: Witness, own_keeper: Any
 ) -> None:
@@ -213,7 +211,6 @@ def test_3_pylease_run_help_says_sigkill_comes_by_the_expiry() -> None:
 # 4. A renewal in the caller's transaction -------------------------------------------
 
 
-@pending(4, "refuse heartbeat_target=the lease's own connection (targets_async.py, gen)")
 def test_4_the_lease_connection_as_heartbeat_target_is_refused(pg: Db) -> None:
     conn = psycopg.connect(pg.dsn or "")
     try:
@@ -232,7 +229,6 @@ def test_4_the_lease_connection_as_heartbeat_target_is_refused(pg: Db) -> None:
         conn.close()
 
 
-@pending(4, "no renewal, claim or release on a connection that is not idle (targets_async.py)")
 def test_4_no_renewal_runs_on_a_heartbeat_connection_that_is_not_idle(pg: Db) -> None:
     own = psycopg.connect(pg.dsn or "", autocommit=True)
     dedicated = psycopg.connect(pg.dsn or "")
@@ -282,7 +278,6 @@ def test_5_leaving_the_block_is_bounded_when_the_database_stops_answering(
 # 6. A slow on_lost -----------------------------------------------------------------
 
 
-@pending(6, "on_lost on its own thread, off the renewal path (heartbeat_async.py, gen)")
 def test_6_a_slow_on_lost_does_not_stall_other_leases(pg: Db, w: Witness, own_keeper: Any) -> None:
     slow_done = threading.Event()
 
@@ -333,7 +328,6 @@ def test_7_a_fenced_transaction_does_not_make_other_leases_lose(pg: Db, w: Witne
 # 8. An abandoned lease --------------------------------------------------------------
 
 
-@pending(8, "a collected lease stops being renewed (heartbeat_async.py, gen)")
 def test_8_an_abandoned_lease_stops_being_renewed(db: Db, w: Witness, own_keeper: Any) -> None:
     cm = lease(db.url, "abandoned", ttl=1.5)
     cm.__enter__()
@@ -463,7 +457,6 @@ def test_9_postgres_a_server_clock_step_is_reported_at_the_next_renewal(
 # 10. One holder, two claims ----------------------------------------------------------
 
 
-@pending(10, "a second live lease with the same explicit holder raises (leasing_async.py, gen)")
 def test_10_the_same_explicit_holder_twice_in_one_process_is_refused(db: Db, w: Witness) -> None:
     first_cm = lease(db.url, "dup", ttl=3, holder="worker-1")
     first_cm.__enter__()
