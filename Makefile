@@ -4,19 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest venv bench demo clean generate generate-check
+.PHONY: test deps lint typecheck docs pytest venv bench demo clean generate generate-check
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@# A venv made before the rename holds the same package as distribution "pylease".
+	$(BIN)/pip uninstall --quiet --yes pylease 2>/dev/null || true
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-lint: venv
-	$(BIN)/ruff check pylease tests
-	$(BIN)/ruff format --check pylease tests
+lint: venv generate-check
+	$(BIN)/ruff check pylease tests scripts tools
+	$(BIN)/ruff format --check pylease tests scripts tools
 
 # The sync lease modules are generated from their async sources (tools/async_to_sync.py):
 # `make generate` rewrites them, `make generate-check` fails on a stale or hand-edited one.
@@ -29,10 +31,25 @@ generate-check: venv
 typecheck: venv
 	$(BIN)/mypy --strict pylease
 
+# pytest exits 5 when it collected no test: a run that tested nothing is a failure here,
+# never a silent pass (a broken conftest or testpaths must not look green).
 pytest: venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	@rc=0; $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests (exit 5)" >&2; exit 1; fi; \
+	exit $$rc
 
-test: lint typecheck pytest
+# What the suite needs beyond the venv (PgBouncer, Node.js, faketime, a running
+# PostgreSQL): installed when root, else one line saying the command to run.
+deps:
+	@scripts/test-deps.sh
+
+# The documentation site, built as strictly as CI would (a broken link fails); its
+# examples are run by tests/test_docs.py. mkdocs -q would also hide the warning count.
+docs: venv
+	@out=$$(NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site 2>&1) \
+	|| { echo "$$out" >&2; exit 1; }
+
+test: deps lint typecheck docs pytest
 
 # `make demo`: two runs of one lease at once on the embedded SQLite default (no
 # configuration): one runs its command, the other finds the lease busy and skips.
@@ -45,12 +62,13 @@ demo: venv
 	$(DEMO_RUN) A & a=$$!; $(DEMO_RUN) B & b=$$!; \
 	wait $$a; ra=$$?; wait $$b; rb=$$?; \
 	echo "== exit codes: A=$$ra B=$$rb (0: ran; 1: busy, skipped)"; \
-	echo "== pylease status"; $(BIN)/pylease status; \
+	echo "== pylease status demo-report"; $(BIN)/pylease status demo-report; \
 	test $$((ra + rb)) -eq 1
 
 # `make bench`: pylease against its floors and its peers, side by side (benchmarks/,
 # issue 6). Drops, creates and migrates the throwaway database pylease_bench, then
-# writes benchmarks/results/latest.{json,md} and throughput.png; under 5 minutes.
+# writes benchmarks/results/latest.{json,md} and throughput.png, and docs/performance.md
+# from them (scripts/performance_page.py); under 5 minutes.
 BENCH_DSN   ?= postgresql://postgres@127.0.0.1:5432/pylease_bench
 BENCH_STAMP := $(VENV)/.installed-bench
 
@@ -60,6 +78,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks --fresh --dsn '$(BENCH_DSN)' $(BENCH_ARGS)
+	$(BIN)/python scripts/performance_page.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist build

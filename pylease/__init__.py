@@ -3,11 +3,13 @@
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    FenceExhausted,
     InvalidArgument,
     LeaseBusy,
     LeaseLost,
     MigrationError,
     PyleaseError,
+    ReadOnlyServer,
     SchemaMissing,
 )
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
@@ -18,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "DatabaseUnavailable",
+    "FenceExhausted",
     "Held",
     "InvalidArgument",
     "LeaseBusy",
@@ -25,6 +28,7 @@ __all__ = [
     "MigrationError",
     "Outcome",
     "PyleaseError",
+    "ReadOnlyServer",
     "SchemaMissing",
     "__version__",
     "akeep_fresh",

@@ -10,11 +10,14 @@ same semantics from ``sql/sqlite/``. One conformance suite runs against both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from pylease._backend_async import AsyncBackend as AsyncBackend
+from pylease._rows import CounterRow as CounterRow
+from pylease._rows import LeaseEvent as LeaseEvent
 from pylease._rows import LeaseRow as LeaseRow
+from pylease._rows import Renewal as Renewal
 
 
 class Backend(Protocol):
@@ -28,6 +31,13 @@ class Backend(Protocol):
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]: ...
 
+    def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]: ...
+
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool: ...
 
     def steal(
@@ -37,3 +47,14 @@ class Backend(Protocol):
     def holds(self, name: str, holder: str, fence: int) -> bool: ...
 
     def status(self, name: str | None = None) -> list[LeaseRow]: ...
+
+    def counters(self, name: str | None = None) -> list[CounterRow]: ...
+
+    def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]: ...
+
+    def prune_history(self, older_than: timedelta) -> int: ...

@@ -10,7 +10,14 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import errors as pg_errors
 
-from pylease.errors import DatabaseUnavailable, InvalidArgument, PyleaseError, SchemaMissing
+from pylease.errors import (
+    DatabaseUnavailable,
+    FenceExhausted,
+    InvalidArgument,
+    PyleaseError,
+    ReadOnlyServer,
+    SchemaMissing,
+)
 
 MISSING_SCHEMA_HINT = "the pylease schema is not installed here: run `pylease migrate --dsn ...`"
 
@@ -33,9 +40,17 @@ def wrap_errors(name: str | None = None) -> Iterator[None]:
     except pg_errors.InvalidParameterValue as exc:
         message = exc.diag.message_primary or str(exc)
         raise InvalidArgument(message, parameter=bad_parameter(exc), name=name) from exc
+    except pg_errors.ProgramLimitExceeded as exc:
+        raise FenceExhausted(exc.diag.message_primary or one_line(exc), name=name) from exc
     except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable) as exc:
         raise SchemaMissing(
             f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name
+        ) from exc
+    except pg_errors.ReadOnlySqlTransaction as exc:
+        # A standby (the SQL refuses there with this SQLSTATE too): during a failover this
+        # is transient, so it is a DatabaseUnavailable that the keeper retries.
+        raise ReadOnlyServer(
+            f"pylease: {ReadOnlyServer.__doc__} ({exc.diag.message_primary})", name=name
         ) from exc
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(

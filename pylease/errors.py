@@ -72,3 +72,11 @@ class ConfigurationError(PyleaseError):
 
 class DatabaseUnavailable(PyleaseError):
     """The database could not be reached."""
+
+
+class ReadOnlyServer(DatabaseUnavailable):
+    """Read-only server (a standby): connect to the primary (target_session_attrs=read-write)."""
+
+
+class FenceExhausted(PyleaseError):
+    """The lease's fence tokens are exhausted (2^63-1): no further grant is possible."""

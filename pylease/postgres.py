@@ -12,7 +12,7 @@ exports both backends, ``PostgresBackend`` and ``PostgresBackend``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -22,18 +22,33 @@ from pylease import _arguments as _args
 from pylease._pg_errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease._pg_errors import wrap_errors as wrap_errors
 from pylease._postgres_async import AsyncPostgresBackend as AsyncPostgresBackend
-from pylease._rows import LeaseRow
+from pylease._rows import CounterRow, LeaseEvent, LeaseRow, Renewal
 
 # One statement per operation, each a call of its lease_* SQL function.
 CLAIM: LiteralString = "SELECT lease_claim(%s, %s, %s)"
 RENEW: LiteralString = "SELECT lease_renew(%s, %s, %s)"
 RENEW_MANY: LiteralString = "SELECT name, renewed FROM lease_renew_many(%s, %s, %s)"
+RENEW_EACH: LiteralString = (
+    "SELECT name, renewed, expires_at, server_time"
+    " FROM lease_renew_each(%s::text[], %s::text[], %s::interval[])"
+)
 RELEASE: LiteralString = "SELECT lease_release(%s, %s, %s)"
 STEAL: LiteralString = "SELECT lease_steal(%s, %s, %s, %s)"
 HOLDS: LiteralString = "SELECT lease_holds(%s, %s, %s)"
 STATUS: LiteralString = (
-    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held FROM lease_status(%s)"
+    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held, state, ttl"
+    " FROM lease_status(%s)"
 )
+COUNTERS: LiteralString = "SELECT name, grants, takeovers, steals, releases FROM lease_counters(%s)"
+_EVENT_COLUMNS: LiteralString = "SELECT at, name, event, holder, fence, previous_holder"
+HISTORY: LiteralString = _EVENT_COLUMNS + " FROM lease_history(%s, %s, %s)"
+# A span back from now is taken by the database's clock, like every other time.
+HISTORY_AGO: LiteralString = _EVENT_COLUMNS + " FROM lease_history(%s, clock_timestamp() - %s, %s)"
+PRUNE_HISTORY: LiteralString = "SELECT lease_prune_history(%s)"
+
+
+def _history_query(params: tuple[Any, ...]) -> LiteralString:
+    return HISTORY_AGO if isinstance(params[1], timedelta) else HISTORY
 
 
 class PostgresBackend:
@@ -63,6 +78,20 @@ class PostgresBackend:
             cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
             return [(n, bool(r)) for n, r in cur.fetchall()]
 
+    def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement.
+
+        :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
+        """
+        with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(RENEW_EACH, _args.renew_each(names, holders, ttls))
+            return [Renewal(n, bool(r), e, t) for n, r, e, t in cur.fetchall()]
+
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return bool(self._one(RELEASE, _args.release(name, holder, min_hold), name))
 
@@ -79,3 +108,32 @@ class PostgresBackend:
         with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(STATUS, _args.status(name))
             return [LeaseRow(*r) for r in cur.fetchall()]
+
+    def counters(self, name: str | None = None) -> list[CounterRow]:
+        """``lease_counters``: per name (all when None), grants, takeovers, steals, releases."""
+        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(COUNTERS, _args.status(name))
+            return [CounterRow(*r) for r in cur.fetchall()]
+
+    def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """``lease_history``: recorded events, newest first.
+
+        :param since: an aware datetime, or a span back from the database's now.
+        :raises InvalidArgument: a bad name, since, or max_rows outside 1..10,000.
+        """
+        params = _args.history(name, since, max_rows)
+        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(_history_query(params), params)
+            return [LeaseEvent(*r) for r in cur.fetchall()]
+
+    def prune_history(self, older_than: timedelta) -> int:
+        """``lease_prune_history``: delete the events older than ``older_than``; how many.
+
+        :raises PyleaseError: the role may not prune (not executable by PUBLIC).
+        """
+        return int(self._one(PRUNE_HISTORY, _args.prune_history(older_than), None))

@@ -39,12 +39,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pylease import _validate
-from pylease._backend import AsyncBackend, Backend, LeaseRow
+from pylease import _arguments, _validate
+from pylease._backend import AsyncBackend, Backend, CounterRow, LeaseEvent, LeaseRow, Renewal
 from pylease._resources import data_dir
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    FenceExhausted,
     InvalidArgument,
     PyleaseError,
     SchemaMissing,
@@ -61,6 +62,7 @@ __all__ = [
     "filesystem_type",
     "migrate",
     "path_of",
+    "set_history",
 ]
 
 #: Seconds a statement waits for another connection's write lock before failing.
@@ -99,7 +101,22 @@ NETWORK_FILESYSTEMS = frozenset(
     }
 )
 
-OPERATIONS = ("claim", "renew", "renew_many", "release", "steal", "holds", "status")
+OPERATIONS = (
+    "claim",
+    "renew",
+    "renew_many",
+    "renew_each",
+    "release",
+    "steal",
+    "holds",
+    "status",
+    "counters",
+    "history",
+    "prune_history",
+)
+
+#: The values of the history setting (the row 'history' of pylease_settings).
+HISTORY_SETTINGS = ("rare", "all", "none")
 
 _MIGRATION_TABLE = "_yoyo_migration"
 # yoyo's own bookkeeping tables (its internal schema version 2), so that
@@ -277,6 +294,12 @@ def _translate(exc: sqlite3.Error, name: str | None, where: str) -> PyleaseError
     message = " ".join(str(exc).split())
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
+    if isinstance(exc, sqlite3.IntegrityError) and message.startswith("pylease: fences exhausted"):
+        # The trigger's message is a literal: the name comes from the call.
+        return FenceExhausted(
+            f"pylease: lease {name!r} has used every fence (2^63-1): it cannot be granted again",
+            name=name,
+        )
     if isinstance(exc, sqlite3.IntegrityError) and message.startswith("pylease: "):
         parameter = message.removeprefix("pylease: ").split(" ", 1)[0]
         return InvalidArgument(message, parameter=parameter, name=name)
@@ -624,6 +647,35 @@ class SqliteBackend:
         renewed = {(row[0], row[1]) for row in self._write("renew_many", params, None)}
         return [(n, (n, h) in renewed) for n, h in zip(name_list, holder_list, strict=True)]
 
+    def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement.
+
+        :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
+        """
+        name_list, holder_list = _validate.key_lists(names, holders)
+        ttl_list = _arguments.ttl_list(ttls, len(name_list))
+        if not name_list:
+            return []
+        params = {
+            "names": json.dumps(name_list),
+            "holders": json.dumps(holder_list),
+            "ttls": json.dumps([None if t is None else _seconds(t) for t in ttl_list]),
+        }
+        renewed = {(r[0], r[1]): r for r in self._write("renew_each", params, None)}
+        result = []
+        for n, h in zip(name_list, holder_list, strict=True):
+            row = renewed.get((n, h))
+            if row is None:
+                result.append(Renewal(n, False, None, None))
+            else:
+                result.append(Renewal(n, True, _when(row[2]), _when(row[3])))
+        return result
+
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         _validate.key("name", name)
         _validate.key("holder", holder)
@@ -666,9 +718,47 @@ class SqliteBackend:
                 renewed_at=_when(row[4]),
                 expires_at=_when(row[5]),
                 held=bool(row[6]),
+                state=row[7],
+                ttl=timedelta(seconds=row[8]),
             )
             for row in self._read("status", {"name": name}, name)
         ]
+
+    def counters(self, name: str | None = None) -> list[CounterRow]:
+        """Per name (all when None): grants, takeovers, steals and releases."""
+        if name is not None:
+            _validate.key("name", name)
+        return [CounterRow(*row) for row in self._read("counters", {"name": name}, name)]
+
+    def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """Recorded events, newest first (see :func:`set_history` for what is recorded).
+
+        :param since: an aware datetime, or a span back from now (SQLite's clock).
+        :raises InvalidArgument: a bad name, since, or max_rows outside 1..10,000.
+        """
+        if name is not None:
+            _validate.key("name", name)
+        after = _arguments.since(since)
+        params = {
+            "name": name,
+            "since": after.timestamp() if isinstance(after, datetime) else None,
+            "since_seconds": _seconds(after) if isinstance(after, timedelta) else None,
+            "max_rows": _arguments.max_rows(max_rows),
+        }
+        return [
+            LeaseEvent(_when(r[0]), r[1], r[2], r[3], int(r[4]), r[5])
+            for r in self._read("history", params, name)
+        ]
+
+    def prune_history(self, older_than: timedelta) -> int:
+        """Delete the events older than ``older_than``; returns how many."""
+        older = _validate.span("older_than", older_than)
+        return len(self._write("prune_history", {"older_than_seconds": _seconds(older)}, None))
 
 
 class AsyncSqliteBackend:
@@ -689,6 +779,15 @@ class AsyncSqliteBackend:
     ) -> list[tuple[str, bool]]:
         return await asyncio.to_thread(self.sync.renew_many, names, holders, ttl)
 
+    async def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement."""
+        return await asyncio.to_thread(self.sync.renew_each, names, holders, ttls)
+
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return await asyncio.to_thread(self.sync.release, name, holder, min_hold)
 
@@ -702,6 +801,45 @@ class AsyncSqliteBackend:
 
     async def status(self, name: str | None = None) -> list[LeaseRow]:
         return await asyncio.to_thread(self.sync.status, name)
+
+    async def counters(self, name: str | None = None) -> list[CounterRow]:
+        """Per name (all when None): grants, takeovers, steals and releases."""
+        return await asyncio.to_thread(self.sync.counters, name)
+
+    async def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """Recorded events, newest first."""
+        return await asyncio.to_thread(self.sync.history, name, since, max_rows)
+
+    async def prune_history(self, older_than: timedelta) -> int:
+        """Delete the events older than ``older_than``; returns how many."""
+        return await asyncio.to_thread(self.sync.prune_history, older_than)
+
+
+def set_history(conn: sqlite3.Connection, setting: str) -> None:
+    """Set what the file's history records: ``rare`` (the default), ``all`` or ``none``.
+
+    SQLite has no session settings: this is the row ``history`` of the table
+    ``pylease_settings``, for every connection to the file (PostgreSQL's
+    ``pylease.history`` can also be set per role or session).
+
+    :raises InvalidArgument: another value.
+    """
+    if setting not in HISTORY_SETTINGS:
+        raise InvalidArgument(
+            f"pylease: pylease.history must be rare, all or none, not {setting!r}",
+            parameter="pylease.history",
+        )
+    backend = SqliteBackend(conn)
+    with backend.transaction() as locked:
+        locked.execute(
+            "INSERT OR REPLACE INTO pylease_settings (name, value) VALUES ('history', ?)",
+            (setting,),
+        )
 
 
 if TYPE_CHECKING:

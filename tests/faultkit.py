@@ -199,7 +199,7 @@ class Bouncer:
         for path in (ini, self.base / "userlist.txt"):
             _give_to_postgres(path)
         binary = pgbouncer_binary()
-        assert binary, "pgbouncer is not installed: .ci/run installs it (apt-get install pgbouncer)"
+        assert binary, "pgbouncer is not installed: make test installs it (scripts/test-deps.sh)"
         self._command = [binary, str(ini)]
         self._launch()
 

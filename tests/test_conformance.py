@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from pylease._backend import Backend
-from pylease.errors import InvalidArgument
+from pylease.errors import FenceExhausted, InvalidArgument
 from pylease.postgres import PostgresBackend
-from pylease.sqlite import SqliteBackend, connect
+from pylease.sqlite import SqliteBackend, connect, set_history
 
 LONG = timedelta(seconds=30)
 SHORT = timedelta(milliseconds=300)
@@ -28,6 +28,8 @@ PAST_SHORT = 0.45  # seconds to sleep for a SHORT lease (or span) to be over
 DAY = timedelta(days=1)
 LONG_NAME = "n" * 200
 TOO_LONG = "n" * 201
+MAX_FENCE = 2**63 - 1
+MILLISECOND = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,18 @@ class Raises:
         return self.message.removeprefix("pylease: ").split(" ", 1)[0]
 
 
+@dataclass(frozen=True)
+class Anything:
+    """Any result."""
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """FenceExhausted, naming the lease."""
+
+    name: str
+
+
 def sleep_past_short() -> tuple[str, float]:
     return ("sleep", PAST_SHORT)
 
@@ -72,8 +86,12 @@ Step = tuple[Any, ...]
 
 # (id, steps). A step is (operation, args, expected) or ("sleep", seconds).
 # Operations are the Backend methods, plus "field" (name, attribute): one
-# attribute of status(name)[0]. status results are compared as
-# (name, holder, fence, held) tuples.
+# attribute of status(name)[0]; "force" (name, fence): sets a fence behind the
+# API's back. status results are compared as (name, holder, fence, held) tuples,
+# renew_each results as (name, renewed, expires_at, expires_at - server_time in
+# whole milliseconds), history results as (event, holder, fence, previous_holder),
+# counters results as (name, grants, takeovers, steals, releases); "setting"
+# (value,) sets pylease.history (SQLite: its settings row).
 SCENARIOS: list[tuple[str, list[Step]]] = [
     # claim ---------------------------------------------------------------------
     ("claim a new name grants fence 1", [("claim", ("a", LONG, "h1"), 1)]),
@@ -639,6 +657,168 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
             ("status", ("a",), [("a", "h1", 1, True)]),
         ],
     ),
+    # contract revision 2 -------------------------------------------------------
+    (
+        "a renewal with a shorter ttl never moves the expiry earlier",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("renew", ("a", "h1", SHORT), True),
+            ("field", ("a", "expires_at"), Same("e")),
+            ("renew_many", (["a"], ["h1"], SHORT), [("a", True)]),
+            ("field", ("a", "expires_at"), Same("e")),
+            ("renew", ("a", "h1"), True),
+            ("field", ("a", "expires_at"), Same("e")),
+            sleep_past_short(),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "renew_each applies each ttl and reports the expiry the server granted",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("claim", ("b", LONG, "h1"), 1),
+            ("claim", ("c", LONG, "h2"), 1),
+            ("field", ("b", "expires_at"), Keep("eb")),
+            (
+                "renew_each",
+                (["a", "b", "c", "d"], ["h1", "h1", "h1", "h1"], [LONG, SHORT, None, None]),
+                [
+                    ("a", True, Anything(), LONG),
+                    ("b", True, Same("eb"), Anything()),
+                    ("c", False, None, None),
+                    ("d", False, None, None),
+                ],
+            ),
+            ("field", ("a", "expires_at"), Anything()),
+            sleep_past_short(),
+            ("status", (None,), [("a", "h1", 1, True), ("b", "h1", 1, True), ("c", "h2", 1, True)]),
+            ("renew_each", (["a"], ["h1"], [None]), [("a", True, Anything(), LONG)]),
+            ("renew_each", ([], [], []), []),
+        ],
+    ),
+    (
+        "renew_each refuses bad ttls and lists of unequal length",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            (
+                "renew_each",
+                (["a"], ["h1"], [timedelta(0)]),
+                Raises(
+                    "pylease: ttls must hold only NULLs or finite, positive ttls"
+                    " of at most 366 days"
+                ),
+            ),
+            (
+                "renew_each",
+                (["a"], ["h1"], []),
+                Raises("pylease: ttls must have as many elements as names"),
+            ),
+            ("renew_each", (["a"], ["h1"], None), Raises("pylease: ttls must not be NULL")),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+        ],
+    ),
+    (
+        "a name whose fences are exhausted cannot be granted again, and nothing changes",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("force", ("a", MAX_FENCE), None),
+            sleep_past_short(),
+            ("claim", ("a", LONG, "h2"), Exhausted("a")),
+            ("steal", ("a", LONG, "h2"), Exhausted("a")),
+            ("status", ("a",), [("a", "h1", MAX_FENCE, False)]),
+            # Still the holder's (nobody took it): its own claim keeps the last fence.
+            ("claim", ("a", LONG, "h1"), MAX_FENCE),
+            ("release", ("a", "h1"), True),
+            ("claim", ("a", LONG, "h1"), Exhausted("a")),
+            ("claim", ("b", LONG, "h1"), 1),
+        ],
+    ),
+]
+
+
+def history_script(setting: str | None, events: list[tuple[Any, ...]]) -> list[Step]:
+    """claim, renew, release, claim, expire and take over, steal, min_hold release."""
+    steps: list[Step] = [] if setting is None else [("setting", (setting,), None)]
+    return [
+        *steps,
+        ("claim", ("job", LONG, "h1"), 1),
+        ("renew", ("job", "h1"), True),
+        ("claim", ("job", LONG, "h1"), 1),
+        ("claim", ("job", LONG, "h2"), None),
+        ("release", ("job", "h1"), True),
+        ("claim", ("job", SHORT, "h2"), 2),
+        sleep_past_short(),
+        ("claim", ("job", LONG, "h3"), 3),
+        ("steal", ("job", LONG, "h4"), 4),
+        ("release", ("job", "h4", DAY), True),
+        ("field", ("job", "state"), "resting"),
+        ("history", (), events),
+        ("history", ("job",), events),
+        ("history", ("other",), []),
+        ("counters", (), [("job", 4, 1, 1, 2)]),
+    ]
+
+
+ALL_EVENTS = [
+    ("released", "h4", 4, None),
+    ("stolen", "h4", 4, "h3"),
+    ("taken_over", "h3", 3, "h2"),
+    ("claimed", "h2", 2, "h1"),
+    ("released", "h1", 1, None),
+    ("claimed", "h1", 1, None),
+]
+RARE_EVENTS = [e for e in ALL_EVENTS if e[0] in ("taken_over", "stolen")]
+
+SCENARIOS += [
+    (
+        "each state of status, with the ttl last granted",
+        [
+            ("claim", ("held", LONG, "h1"), 1),
+            ("claim", ("resting", LONG, "h1"), 1),
+            ("release", ("resting", "h1", DAY), True),
+            ("claim", ("released", LONG, "h1"), 1),
+            ("release", ("released", "h1"), True),
+            ("claim", ("expired", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("field", ("held", "state"), "held"),
+            ("field", ("resting", "state"), "resting"),
+            ("field", ("released", "state"), "released"),
+            ("field", ("expired", "state"), "expired"),
+            ("field", ("held", "ttl"), LONG),
+            ("field", ("expired", "ttl"), SHORT),
+            ("renew", ("held", "h1", DAY), True),
+            ("field", ("held", "ttl"), DAY),
+            ("claim", ("resting", LONG, "h2"), None),
+            ("claim", ("released", LONG, "h2"), 2),
+            ("claim", ("expired", LONG, "h2"), 2),
+        ],
+    ),
+    ("history under 'all': every grant and release", history_script("all", ALL_EVENTS)),
+    ("history by default: takeovers and steals only", history_script(None, RARE_EVENTS)),
+    ("history under 'rare' as by default", history_script("rare", RARE_EVENTS)),
+    ("history under 'none': nothing, the same counters", history_script("none", [])),
+    (
+        "counters: one grant per tenure, a steal of a free name is a claim",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("claim", ("a", LONG, "h1"), 1),
+            ("renew_many", (["a"], ["h1"]), [("a", True)]),
+            ("release", ("a", "h1"), True),
+            ("release", ("a", "h1"), False),
+            ("steal", ("a", LONG, "h2"), 2),
+            ("steal", ("a", LONG, "h3"), 3),
+            ("steal", ("b", LONG, "h3"), 1),
+            ("counters", (), [("a", 3, 0, 1, 1), ("b", 1, 0, 0, 0)]),
+            ("counters", ("b",), [("b", 1, 0, 0, 0)]),
+            ("history", (None, None, 1), [("stolen", "h3", 3, "h2")]),
+            ("history", (None, None, 0), Raises("pylease: max_rows must be between 1 and 10000")),
+            ("prune_history", (DAY,), 0),
+            ("prune_history", (timedelta(0),), 1),
+            ("history", (), []),
+            ("counters", ("a",), [("a", 3, 0, 1, 1)]),
+        ],
+    ),
 ]
 
 
@@ -661,13 +841,48 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         rows = backend.status(name)
         assert len(rows) == 1, rows
         return getattr(rows[0], attribute)
+    if operation == "force":
+        name, fence = args
+        update = "UPDATE pylease_leases SET fence = {} WHERE name = {}"
+        if isinstance(backend, SqliteBackend):
+            backend.conn.execute(update.format("?", "?"), (fence, name))
+            backend.conn.commit()
+        else:
+            assert isinstance(backend, PostgresBackend)
+            backend.conn.execute(update.format("%s", "%s"), (fence, name))  # type: ignore[arg-type]
+        return None
+    if operation == "setting":
+        if isinstance(backend, SqliteBackend):
+            set_history(backend.conn, args[0])
+        else:
+            assert isinstance(backend, PostgresBackend)
+            backend.conn.execute("SELECT set_config('pylease.history', %s, false)", args)
+        return None
     result = getattr(backend, operation)(*args)
+    if operation == "history":
+        return [(e.event, e.holder, e.fence, e.previous_holder) for e in result]
+    if operation == "counters":
+        return [(c.name, c.grants, c.takeovers, c.steals, c.releases) for c in result]
     if operation == "status":
         return [(r.name, r.holder, r.fence, r.held) for r in result]
+    if operation == "renew_each":
+        return [
+            (
+                r.name,
+                r.renewed,
+                r.expires_at,
+                None
+                if r.expires_at is None or r.server_time is None
+                else timedelta(milliseconds=round((r.expires_at - r.server_time) / MILLISECOND)),
+            )
+            for r in result
+        ]
     return result
 
 
 def _check(result: Any, expected: Any, seen: dict[str, Any]) -> None:
+    if isinstance(expected, Anything):
+        return
     if isinstance(expected, Keep):
         assert result is not None
         seen[expected.label] = result
@@ -707,6 +922,12 @@ def test_scenario(backend: Backend, steps: list[Step]) -> None:
                 _call(backend, operation, args)
             assert str(info.value) == expected.message, where
             assert info.value.parameter == expected.parameter, where
+            continue
+        if isinstance(expected, Exhausted):
+            with pytest.raises(FenceExhausted) as exhausted:
+                _call(backend, operation, args)
+            assert repr(expected.name) in str(exhausted.value), where
+            assert exhausted.value.name == expected.name, where
             continue
         result = _call(backend, operation, args)
         try:

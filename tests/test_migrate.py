@@ -23,7 +23,8 @@ from pylease._resources import data_dir
 from pylease.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
-APPLIED = "pylease: applied pylease-0001-leases"
+IDS = ["pylease-0001-leases", "pylease-0002-safety", "pylease-0003-operations"]
+APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
 
 
@@ -90,14 +91,14 @@ def claims(url: str, schema: str = "public") -> Any:
 def test_migrate_applies_once_and_then_is_up_to_date(empty_dsn: str) -> None:
     first = cli("migrate", "--dsn", empty_dsn)
     assert first.exit_code == 0, first.output
-    assert first.stdout.splitlines() == [APPLIED]
+    assert first.stdout.splitlines() == APPLIED
     assert claims(empty_dsn) == 1
 
     second = cli("migrate", "--dsn", empty_dsn)
     assert second.exit_code == 0, second.output
     assert "applied pylease" not in second.output
     assert second.stdout.splitlines() == [
-        "pylease: schema 'public' is up to date (1 migrations applied)"
+        f"pylease: schema 'public' is up to date ({len(IDS)} migrations applied)"
     ]
     assert apply_count(empty_dsn) == 1
     assert claims(empty_dsn) == 1  # the lease survived the second run
@@ -119,15 +120,15 @@ def test_migrate_prints_nothing_a_migration_selects(
     )
     result = cli("migrate", "--dsn", empty_dsn)
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines() == [APPLIED, "pylease: applied pylease-9999-select"]
-    assert applied(empty_dsn) == ["pylease-0001-leases", "pylease-9999-select"]
+    assert result.output.splitlines() == [*APPLIED, "pylease: applied pylease-9999-select"]
+    assert applied(empty_dsn) == [*IDS, "pylease-9999-select"]
 
 
 @pytest.mark.parametrize("schema", ["leases", "tenant one"])
 def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> None:
     result = cli("migrate", "--dsn", dsn, "--schema", schema)
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines() == [APPLIED]
+    assert result.stdout.splitlines() == APPLIED
     with psycopg.connect(dsn) as c:
         quoted = c.execute("SELECT quote_ident(%s)", (schema,)).fetchone()[0]  # type: ignore[index]
         configs = c.execute(
@@ -145,6 +146,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "_yoyo_log",
         "_yoyo_migration",
         "_yoyo_version",
+        "pylease_events",
         "pylease_leases",
     ]
     # Independent of the copy in public that the test database already has.
@@ -159,16 +161,16 @@ def test_dsn_comes_from_the_option_then_pylease_dsn_then_database_url(fresh_db: 
     a, b, c = fresh_db(), fresh_db(), fresh_db()
     result = cli("migrate", env={"PYLEASE_DSN": a, "DATABASE_URL": b})
     assert result.exit_code == 0, result.output
-    assert (applied(a), applied(b)) == (["pylease-0001-leases"], [])
+    assert (applied(a), applied(b)) == (IDS, [])
 
     result = cli("migrate", env={"DATABASE_URL": b})
     assert result.exit_code == 0, result.output
-    assert applied(b) == ["pylease-0001-leases"]
+    assert applied(b) == IDS
 
     result = cli("migrate", "--dsn", c, env={"PYLEASE_DSN": a, "DATABASE_URL": b})
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines() == [APPLIED]
-    assert applied(c) == ["pylease-0001-leases"]
+    assert result.stdout.splitlines() == APPLIED
+    assert applied(c) == IDS
 
 
 def test_a_stale_yoyo_lock_is_taken_over_and_reported(empty_dsn: str) -> None:
@@ -180,9 +182,9 @@ def test_a_stale_yoyo_lock_is_taken_over_and_reported(empty_dsn: str) -> None:
     result = cli("migrate", "--dsn", empty_dsn)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert len(lines) == 2, lines
+    assert len(lines) == 1 + len(APPLIED), lines
     assert lines[0].startswith("pylease: took over a stale migration lock left by pid 4242424")
-    assert lines[1] == APPLIED
+    assert lines[1:] == APPLIED
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT count(*) FROM _pylease_yoyo_lock").fetchone() == (0,)
     assert claims(empty_dsn) == 1
@@ -253,7 +255,7 @@ def test_a_role_owning_its_schema_migrates_without_create_on_the_database(
     try:
         result = cli("migrate", "--dsn", url, "--schema", "app")
         assert result.exit_code == 0, result.output
-        assert result.stdout.splitlines() == [APPLIED]
+        assert result.stdout.splitlines() == APPLIED
         assert claims(url, "app") == 1
     finally:
         with psycopg.connect(empty_dsn, autocommit=True) as c:
@@ -266,7 +268,7 @@ def test_a_role_owning_its_schema_migrates_without_create_on_the_database(
 def test_python_dash_m_pylease_migrate(empty_dsn: str) -> None:
     done = command("migrate", "--dsn", empty_dsn)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [APPLIED]
+    assert done.stdout.splitlines() == APPLIED
     script = Path(sys.executable).parent / "pylease"
     again = subprocess.run(
         [str(script), "migrate"],
@@ -299,9 +301,9 @@ def test_two_migrators_at_once_apply_exactly_once(empty_dsn: str, schema: str) -
     ]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    applied_by = [out for out, _err in outputs if APPLIED in out.splitlines()]
+    applied_by = [out for out, _err in outputs if out.splitlines() == APPLIED]
     assert len(applied_by) == 1, outputs
-    assert applied(empty_dsn, schema) == ["pylease-0001-leases"]
+    assert applied(empty_dsn, schema) == IDS
     assert claims(empty_dsn, schema) == 1
 
 
@@ -315,7 +317,7 @@ def test_an_installed_wheel_migrates_from_anywhere(empty_dsn: str, tmp_path: Pat
          "-w", str(dist), str(ROOT)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
-    [wheel] = dist.glob("pylease-*.whl")
+    [wheel] = dist.glob("pylease_pg-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "pylease/sql/postgres/schema.sql" in names
     assert "pylease/migrations/postgres/pylease-0001-leases.sql" in names
@@ -356,7 +358,7 @@ def test_an_installed_wheel_migrates_from_anywhere(empty_dsn: str, tmp_path: Pat
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [APPLIED]
+    assert done.stdout.splitlines() == APPLIED
 
     calls = {
         "SELECT lease_claim('sweep', '1 hour', 'me')": "1",
@@ -377,3 +379,85 @@ def test_an_installed_wheel_migrates_from_anywhere(empty_dsn: str, tmp_path: Pat
         )  # fmt: skip
         assert out.returncode == 0, (query, out.stderr)
         assert out.stdout.strip() == expected, query
+
+
+def _migrate_to(url: str, last: str) -> None:
+    """Apply the pylease migrations up to and including ``last``, as an older release did."""
+    migrations = pylease.migrate._postgres_migrations()
+    with pylease.migrate._backend(url, "public") as backend:
+        backend.init_database()
+        wanted = backend.to_apply(migrations).filter(lambda m: m.id <= last)
+        with backend.lock():
+            backend.apply_migrations(wanted)
+
+
+def _rollback_one(url: str, migration_id: str) -> None:
+    migrations = pylease.migrate._postgres_migrations()
+    with pylease.migrate._backend(url, "public") as backend, backend.lock():
+        backend.rollback_migrations(migrations.filter(lambda m: m.id == migration_id))
+
+
+@pytest.mark.parametrize("index", range(1, len(IDS)))
+def test_each_new_migration_rolls_back_to_the_catalog_before_it_and_reapplies(
+    fresh_db: Any, index: int
+) -> None:
+    from tests.test_schema import catalog
+
+    before: str = fresh_db()
+    _migrate_to(before, IDS[index - 1])
+    target: str = fresh_db()
+    _migrate_to(target, IDS[index])
+    with psycopg.connect(target, autocommit=True) as c:
+        c.execute("SELECT lease_claim('sweep', '1 hour', 'me')")
+    _rollback_one(target, IDS[index])
+    assert applied(target) == IDS[:index]
+    assert catalog(target) == catalog(before)
+    with psycopg.connect(target, autocommit=True) as c:
+        assert c.execute("SELECT lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
+    _migrate_to(target, IDS[index])
+    assert applied(target) == IDS[: index + 1]
+    with psycopg.connect(target, autocommit=True) as c:
+        assert c.execute("SELECT lease_claim('sweep', '1 hour', 'you')").fetchone() == (None,)
+
+
+def test_0003_keeps_the_grants_of_lease_status(fresh_db: Any) -> None:
+    url: str = fresh_db()
+    _migrate_to(url, "pylease-0002-safety")
+    role = f"pylease_reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        c.execute("REVOKE EXECUTE ON FUNCTION lease_status(text) FROM PUBLIC")
+        c.execute(
+            sql.SQL("GRANT EXECUTE ON FUNCTION lease_status(text) TO {} WITH GRANT OPTION").format(
+                sql.Identifier(role)
+            )
+        )
+        c.execute("COMMENT ON FUNCTION lease_status(text) IS 'ours'")
+    try:
+        _migrate_to(url, "pylease-0003-operations")
+        with psycopg.connect(url, autocommit=True) as c:
+            may = c.execute(
+                "SELECT has_function_privilege('public', 'lease_status(text)', 'EXECUTE'),"
+                " has_function_privilege(%s, 'lease_status(text)', 'EXECUTE WITH GRANT OPTION')",
+                (role,),
+            ).fetchone()
+            assert may == (False, True)
+            assert c.execute("SELECT state FROM lease_status()").fetchall() == []
+    finally:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_0003_names_a_view_on_lease_status_that_must_be_recreated(fresh_db: Any) -> None:
+    url: str = fresh_db()
+    _migrate_to(url, "pylease-0002-safety")
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE VIEW my_leases AS SELECT name, held FROM lease_status()")
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist, match="my_leases"):
+        _migrate_to(url, "pylease-0003-operations")
+    assert applied(url) == IDS[:2]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP VIEW my_leases")
+    _migrate_to(url, "pylease-0003-operations")
+    assert applied(url) == IDS

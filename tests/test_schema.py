@@ -22,16 +22,29 @@ from pylease.migrate import migrate, rollback
 Conn = psycopg.Connection[Any]
 HOUR = timedelta(hours=1)
 
+MIGRATIONS = ["pylease-0001-leases", "pylease-0002-safety", "pylease-0003-operations"]
 FUNCTIONS = (
     "lease_claim",
     "lease_renew",
     "lease_renew_many",
+    "lease_renew_each",
     "lease_release",
     "lease_steal",
     "lease_holds",
     "lease_status",
+    "lease_counters",
+    "lease_history",
+    "lease_prune_history",
 )
-HELPERS = ("pylease_check_key", "pylease_check_ttl", "pylease_check_span")
+HELPERS = (
+    "pylease_check_key",
+    "pylease_check_ttl",
+    "pylease_check_span",
+    "pylease_check_batch",
+    "pylease_refuse_standby",
+    "pylease_refuse_history",
+    "pylease_history_rows",
+)
 # Every object pylease owns is named like this; yoyo's bookkeeping is not ours.
 OURS = "(lease\\_%|pylease\\_%)"
 NOT_YOYO = "NOT (c.relname LIKE '\\_yoyo%' OR c.relname LIKE '\\_pylease\\_yoyo%')"
@@ -118,13 +131,21 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
     from_schema_sql: str, fresh_db: Any
 ) -> None:
     migrated: str = fresh_db()
-    assert migrate(migrated, say=quiet) == ["pylease-0001-leases"]
+    assert migrate(migrated, say=quiet) == MIGRATIONS
     expected = catalog(from_schema_sql)
     assert catalog(migrated) == expected
     # The comparison covered the whole API, not an empty schema.
     assert {r[0] for r in expected["functions"]} == {*FUNCTIONS, *HELPERS}
-    assert [r[0] for r in expected["relations"]] == ["pylease_leases", "pylease_leases_pkey"]
-    assert len(expected["constraints"]) == 4
+    assert [r[0] for r in expected["relations"]] == [
+        "pylease_events",
+        "pylease_events_at",
+        "pylease_events_id_seq",
+        "pylease_events_name_at",
+        "pylease_leases",
+        "pylease_leases_fence",
+        "pylease_leases_pkey",
+    ]
+    assert len(expected["constraints"]) == 5
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
@@ -134,11 +155,11 @@ def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fre
         assert c.execute("SELECT lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
         assert len(ours(c)) > 10
     said: list[str] = []
-    assert rollback(migrated, say=said.append) == ["pylease-0001-leases"]
-    assert said == ["rolled back pylease-0001-leases"]
+    assert rollback(migrated, say=said.append) == MIGRATIONS[::-1]
+    assert said == [f"rolled back {m}" for m in MIGRATIONS[::-1]]
     with psycopg.connect(migrated, autocommit=True) as c:
         assert ours(c) == []
-    assert migrate(migrated, say=quiet) == ["pylease-0001-leases"]
+    assert migrate(migrated, say=quiet) == MIGRATIONS
     assert catalog(migrated) == catalog(from_schema_sql)
     with psycopg.connect(migrated, autocommit=True) as c:
         assert c.execute("SELECT lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
@@ -155,10 +176,11 @@ def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn
         assert secdef is (proname in FUNCTIONS), proname
 
 
-def test_public_has_no_privilege_on_the_table(conn: Conn) -> None:
+@pytest.mark.parametrize("table", ["pylease_leases", "pylease_events"])
+def test_public_has_no_privilege_on_the_tables(conn: Conn, table: str) -> None:
     for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"):
         assert not conn.execute(
-            "SELECT has_table_privilege('public', 'pylease_leases', %s)", (privilege,)
+            "SELECT has_table_privilege('public', %s, %s)", (table, privilege)
         ).fetchone()[0], privilege  # type: ignore[index]
 
 
@@ -168,7 +190,7 @@ def test_public_may_execute_every_function_but_steal_and_the_helpers(conn: Conn)
         " WHERE pronamespace = 'public'::regnamespace"
     ).fetchall()
     executable = {name for name, may in rows if may}
-    assert executable == set(FUNCTIONS) - {"lease_steal"}
+    assert executable == set(FUNCTIONS) - {"lease_steal", "lease_prune_history"}
 
 
 def test_the_table_leaves_room_for_hot_updates(conn: Conn) -> None:
@@ -188,7 +210,30 @@ def test_the_table_leaves_room_for_hot_updates(conn: Conn) -> None:
             "SELECT pg_stat_get_xact_tuples_updated('pylease_leases'::regclass),"
             "       pg_stat_get_xact_tuples_hot_updated('pylease_leases'::regclass)"
         ).fetchone()
-    assert counts == (7, 7)
+    # Renewals and the release are HOT; the grant to 'you' is not (see below).
+    assert counts == (7, 6)
+
+
+def test_the_fence_is_a_key_column_so_fenced_transactions_block_only_grants(conn: Conn) -> None:
+    """The choice made for a holder's open fenced transaction (issue 10, defect 7).
+
+    A unique index on (name, fence) makes every grant a key update, which waits
+    for lease_holds' FOR KEY SHARE, while renewals and releases pass it. The price:
+    a grant is no longer a HOT update (pinned above).
+    """
+    indexes = conn.execute(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'pylease_leases' ORDER BY indexname"
+    ).fetchall()
+    assert indexes == [
+        (
+            "CREATE UNIQUE INDEX pylease_leases_fence ON public.pylease_leases"
+            " USING btree (name, fence)",
+        ),
+        ("CREATE UNIQUE INDEX pylease_leases_pkey ON public.pylease_leases USING btree (name)",),
+    ]
+    source = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'lease_holds'").fetchone()
+    assert source is not None
+    assert "FOR KEY SHARE" in source[0]
 
 
 @pytest.fixture
@@ -306,7 +351,7 @@ def test_a_schema_of_look_alikes_earlier_in_the_search_path_changes_nothing(
 
 
 def test_a_non_public_schema_needs_usage_granted(dsn: str, conn: Conn, app_role: str) -> None:
-    assert migrate(dsn, "leases", say=quiet) == ["pylease-0001-leases"]
+    assert migrate(dsn, "leases", say=quiet) == MIGRATIONS
     config = conn.execute(
         "SELECT DISTINCT proconfig FROM pg_proc WHERE pronamespace = 'leases'::regnamespace"
     ).fetchall()

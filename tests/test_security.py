@@ -108,6 +108,8 @@ def test_an_execute_only_login_uses_every_api_but_cannot_steal_or_write(
             ).fetchone() == (True,)
             backend = PostgresBackend(mine)
             assert [r.holder for r in backend.status("sweep")] == [held.holder]
+            [renewal] = backend.renew_each(["sweep"], [held.holder], [None])
+            assert renewal.renewed and renewal.expires_at is not None
             with pytest.raises(PyleaseError, match="permission denied") as denied:
                 backend.steal("sweep", HOUR, "thief")
             assert isinstance(denied.value.__cause__, pg_errors.InsufficientPrivilege)
@@ -136,6 +138,38 @@ def test_an_execute_only_login_uses_every_api_but_cannot_steal_or_write(
     ).fetchall()
     assert rows == [("cli", "me", True), ("sweep", rows[1][1], True)]
     assert rows[1][1] != "thief"
+
+
+def test_an_execute_only_login_reads_history_and_counters_but_cannot_prune(
+    dsn: str, conn: Conn, login: str
+) -> None:
+    conn.execute("SELECT lease_claim('job', interval '1 hour', 'stuck')")
+    conn.execute("SELECT lease_steal('job', interval '1 hour', 'operator')")
+    with psycopg.connect(with_user(dsn, login), autocommit=True) as mine:
+        backend = PostgresBackend(mine)
+        [event] = backend.history()
+        assert (event.event, event.holder, event.previous_holder) == ("stolen", "operator", "stuck")
+        assert [(c.grants, c.steals) for c in backend.counters("job")] == [(2, 1)]
+        assert [r.state for r in backend.status("job")] == ["held"]
+        with pytest.raises(PyleaseError, match="permission denied") as denied:
+            backend.prune_history(timedelta(0))
+        assert isinstance(denied.value.__cause__, pg_errors.InsufficientPrivilege)
+        for forbidden in (
+            "SELECT * FROM pylease_events",
+            "DELETE FROM pylease_events",
+            "INSERT INTO pylease_events (at, name, event, holder, fence)"
+            " VALUES (now(), 'job', 'claimed', 'me', 9)",
+        ):
+            with pytest.raises(pg_errors.InsufficientPrivilege):
+                mine.execute(forbidden)  # type: ignore[call-overload]
+    assert conn.execute("SELECT count(*) FROM pylease_events").fetchone() == (1,)
+    conn.execute(
+        sql.SQL("GRANT EXECUTE ON FUNCTION lease_prune_history(interval) TO {}").format(
+            sql.Identifier(login)
+        )
+    )
+    with psycopg.connect(with_user(dsn, login), autocommit=True) as mine:
+        assert PostgresBackend(mine).prune_history(timedelta(0)) == 1
 
 
 # Look-alikes earlier in the search_path ---------------------------------------------

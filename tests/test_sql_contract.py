@@ -98,6 +98,11 @@ SIGNATURES = {
         "names text[], holders text[], ttl interval DEFAULT NULL::interval",
         "TABLE(name text, renewed boolean)",
     ),
+    "lease_renew_each": (
+        "names text[], holders text[], ttls interval[]",
+        "TABLE(name text, renewed boolean, expires_at timestamp with time zone,"
+        " server_time timestamp with time zone)",
+    ),
     "lease_release": (
         "name text, holder text, min_hold interval DEFAULT NULL::interval",
         "boolean",
@@ -111,8 +116,19 @@ SIGNATURES = {
         "name text DEFAULT NULL::text",
         "TABLE(name text, holder text, fence bigint, acquired_at timestamp with time zone,"
         " renewed_at timestamp with time zone, expires_at timestamp with time zone,"
-        " held boolean)",
+        " held boolean, state text, ttl interval)",
     ),
+    "lease_counters": (
+        "name text DEFAULT NULL::text",
+        "TABLE(name text, grants bigint, takeovers bigint, steals bigint, releases bigint)",
+    ),
+    "lease_history": (
+        "name text DEFAULT NULL::text, since timestamp with time zone DEFAULT NULL::timestamp"
+        " with time zone, max_rows integer DEFAULT 100",
+        "TABLE(at timestamp with time zone, name text, event text, holder text, fence bigint,"
+        " previous_holder text)",
+    ),
+    "lease_prune_history": ("older_than interval", "bigint"),
 }
 
 
@@ -233,7 +249,7 @@ def test_renew_extends_by_the_last_ttl_and_keeps_the_fence(conn: Conn) -> None:
 
 
 def test_renew_with_a_ttl_makes_it_the_last_ttl(conn: Conn) -> None:
-    claim(conn, "sweep", HOUR, "alice")
+    claim(conn, "sweep", timedelta(minutes=1), "alice")
     assert renew(conn, "sweep", "alice", timedelta(minutes=2))
     r = row(conn, "sweep")
     assert r["expires_at"] == r["renewed_at"] + timedelta(minutes=2)
@@ -243,7 +259,7 @@ def test_renew_with_a_ttl_makes_it_the_last_ttl(conn: Conn) -> None:
 
 
 def test_renew_in_named_notation(conn: Conn) -> None:
-    claim(conn, "sweep", HOUR, "alice")
+    claim(conn, "sweep", timedelta(minutes=1), "alice")
     assert one(conn, "SELECT lease_renew(holder => %s, name => %s)", ("alice", "sweep"))
     assert one(
         conn,
@@ -316,7 +332,7 @@ def test_renew_many_reports_each_element_in_order(conn: Conn) -> None:
 
 
 def test_renew_many_with_a_ttl_and_in_named_notation(conn: Conn) -> None:
-    claim(conn, "a", HOUR, "me")
+    claim(conn, "a", timedelta(minutes=1), "me")
     claim(conn, "b", SHORT, "you")
     wait_expired(conn, "b")
     rows = conn.execute(
@@ -539,11 +555,11 @@ def test_status_lists_every_name_ever_claimed(conn: Conn) -> None:
 def test_status_of_one_name(conn: Conn) -> None:
     claim(conn, "a", HOUR, "alice")
     claim(conn, "b", HOUR, "bob")
-    [(name, holder, fence, acquired, renewed, expires, held)] = conn.execute(
+    [(name, holder, fence, acquired, renewed, expires, held, state, ttl)] = conn.execute(
         "SELECT * FROM lease_status(name => %s)", ("b",)
     ).fetchall()
     r = row(conn, "b")
-    assert (name, holder, fence, held) == ("b", "bob", 1, True)
+    assert (name, holder, fence, held, state, ttl) == ("b", "bob", 1, True, "held", HOUR)
     assert (acquired, renewed, expires) == (r["acquired_at"], r["renewed_at"], r["expires_at"])
     assert status(conn, "unknown") == []
 
@@ -560,6 +576,8 @@ def test_status_columns(conn: Conn) -> None:
         "renewed_at",
         "expires_at",
         "held",
+        "state",
+        "ttl",
     ]
 
 
@@ -581,6 +599,7 @@ NEGATIVE = timedelta(seconds=-1)
 CLAIM = "lease_claim(%s, %s, %s)"
 RENEW = "lease_renew(%s, %s, %s)"
 RENEW_MANY = "lease_renew_many(%s::text[], %s::text[], %s)"
+RENEW_EACH = "lease_renew_each(%s::text[], %s::text[], %s::interval[])"
 RELEASE = "lease_release(%s, %s, %s)"
 STEAL = "lease_steal(%s, %s, %s, %s)"
 HOLDS = "lease_holds(%s, %s, %s)"
@@ -597,6 +616,8 @@ for p in BAD_KEYS:
         pytest.param(RENEW, ("job", key, None), "holder", id=f"renew-holder-{k}"),
         pytest.param(RENEW_MANY, ([key], ["alice"], None), "names", id=f"renew_many-names-{k}"),
         pytest.param(RENEW_MANY, (["job"], [key], None), "holders", id=f"renew_many-holders-{k}"),
+        pytest.param(RENEW_EACH, ([key], ["alice"], [None]), "names", id=f"renew_each-names-{k}"),
+        pytest.param(RENEW_EACH, (["job"], [key], [None]), "holders", id=f"renew_each-holders-{k}"),
         pytest.param(RELEASE, (key, "alice", None), "name", id=f"release-name-{k}"),
         pytest.param(RELEASE, ("job", key, None), "holder", id=f"release-holder-{k}"),
         pytest.param(STEAL, (key, HOUR, "bob", timedelta(0)), "name", id=f"steal-name-{k}"),
@@ -616,6 +637,9 @@ for p in [*BAD_TTLS, pytest.param(None, id="NULL")]:
         CALLS += [
             pytest.param(RENEW, ("job", "alice", ttl), "ttl", id=f"renew-ttl-{t}"),
             pytest.param(RENEW_MANY, (["job"], ["alice"], ttl), "ttl", id=f"renew_many-ttl-{t}"),
+            pytest.param(
+                RENEW_EACH, (["job"], ["alice"], [ttl]), "ttls", id=f"renew_each-ttls-{t}"
+            ),
         ]
 CALLS += [
     pytest.param(STEAL, ("job", HOUR, "bob", NEGATIVE), "older_than", id="steal-older_than-neg"),
@@ -629,6 +653,13 @@ CALLS += [
     ),
     pytest.param(
         RENEW_MANY, (["job"], ["alice", "alice"], None), "holders", id="renew_many-more-holders"
+    ),
+    pytest.param(RENEW_EACH, (None, ["alice"], [None]), "names", id="renew_each-names-NULL-array"),
+    pytest.param(RENEW_EACH, (["job"], None, [None]), "holders", id="renew_each-holders-NULL"),
+    pytest.param(RENEW_EACH, (["job"], ["alice"], None), "ttls", id="renew_each-ttls-NULL-array"),
+    pytest.param(RENEW_EACH, (["job"], ["alice"], [None, None]), "ttls", id="renew_each-more-ttls"),
+    pytest.param(
+        RENEW_EACH, (["job", "job"], ["alice"], [None, None]), "holders", id="renew_each-fewer"
     ),
     pytest.param(
         RENEW_MANY,
@@ -666,6 +697,8 @@ def test_bad_input_raises_22023_naming_the_parameter_and_changes_nothing(
     assert caught.value.sqlstate == "22023"
     message = caught.value.diag.message_primary or ""
     assert message.startswith(f"pylease: {parameter} "), message
+    # The parameter travels in the error's own field too (RAISE ... USING COLUMN).
+    assert caught.value.diag.column_name == parameter
     assert table(conn) == before
 
 

@@ -46,6 +46,7 @@ class Tenure(NamedTuple):
     start_landed: bool
     end_landed: bool
     late_landed: bool  # a write after its own release
+    released: bool  # its release found it still its own
 
 
 def worker(dsn: str, index: int, barrier: Any, results: Any) -> None:
@@ -86,7 +87,9 @@ def worker(dsn: str, index: int, barrier: Any, results: Any) -> None:
             else:
                 time.sleep(rng.uniform(0.0, ttl * 0.6))
             end_landed = conn.execute(END, args).rowcount == 1
-            conn.execute("SELECT lease_release(%s, %s)", (name, holder))
+            released = conn.execute("SELECT lease_release(%s, %s)", (name, holder)).fetchone() == (
+                True,
+            )
             late_landed = conn.execute(LATE, args).rowcount == 1
             tenures.append(
                 Tenure(
@@ -98,6 +101,7 @@ def worker(dsn: str, index: int, barrier: Any, results: Any) -> None:
                     start_landed,
                     end_landed,
                     late_landed,
+                    released,
                 )
             )
     results.put(tenures)
@@ -108,6 +112,8 @@ def test_eight_processes_two_names(conn: psycopg.Connection[Any], dsn: str) -> N
         "CREATE TABLE witness (name text, holder text, fence bigint,"
         " started_at timestamptz, ended_at timestamptz, late boolean NOT NULL DEFAULT false)"
     )
+    # Every grant and release is recorded, to count against the workers' own record.
+    conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET pylease.history = 'all'")  # type: ignore[arg-type]
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(WORKERS)
     results = ctx.Queue()
@@ -161,3 +167,20 @@ def test_eight_processes_two_names(conn: psycopg.Connection[Any], dsn: str) -> N
             assert start <= end
             assert fence < next_fence, f"{name}: fence {next_fence} started after {fence}"
             assert end < next_start, f"{name}: tenure {fence} overlaps tenure {next_fence}"
+
+    # The counters and the history tell the same story as the workers: one grant
+    # per tenure, one release per release that found the lease its own.
+    for name in {t.name for t in tenures}:
+        mine = [t for t in tenures if t.name == name]
+        ((grants, takeovers, steals, releases),) = conn.execute(
+            "SELECT grants, takeovers, steals, releases FROM lease_counters(%s)", (name,)
+        ).fetchall()
+        assert (grants, steals) == (len(mine), 0), name
+        assert releases == sum(t.released for t in mine), name
+        events = conn.execute(
+            "SELECT event, holder, fence FROM lease_history(%s, NULL, 10000)", (name,)
+        ).fetchall()
+        granted = sorted((h, f) for e, h, f in events if e in ("claimed", "taken_over"))
+        assert granted == sorted((t.holder, t.fence) for t in mine), name
+        assert takeovers == sum(e == "taken_over" for e, _, _ in events), name
+        assert releases == sum(e == "released" for e, _, _ in events), name

@@ -284,3 +284,84 @@ def test_release_after_the_callers_writes_keeps_their_flush(
         assert one(conn2, "SHOW synchronous_commit") == "on"
     assert witnessed(conn) == ["on"]
     assert one(conn2, "SHOW synchronous_commit") == "on"
+
+
+# -- a holder's open fenced transaction (issue 10, defect 7) ------------------
+
+
+def impatient_conn(connect: Connect) -> Conn:
+    """A session whose statements fail rather than wait long for a row lock."""
+    c = connect()
+    c.execute("SET lock_timeout = '5s'")
+    return c
+
+
+def test_a_fenced_transaction_never_makes_a_renewal_wait(report: Conn, connect: Connect) -> None:
+    conn = report
+    for name in ("sweep", "other"):
+        assert one(conn, "SELECT lease_claim(%s, %s, 'alice')", (name, HOUR)) == 1
+    writer, keeper = connect(), impatient_conn(connect)
+    with writer.transaction():
+        assert writer.execute(FENCED_WRITE, (1, "fenced", "alice", 1)).rowcount == 1
+        # Each of these would wait for the writer's row lock (and fail after
+        # lock_timeout) if renewals conflicted with it.
+        assert keeper.execute(
+            "SELECT * FROM lease_renew_many('{other,sweep}', '{alice,alice}')"
+        ).fetchall() == [("other", True), ("sweep", True)]
+        assert keeper.execute(
+            "SELECT name, renewed FROM lease_renew_each('{sweep,other}', '{alice,alice}',"
+            " '{2 hours,NULL}')"
+        ).fetchall() == [("sweep", True), ("other", True)]
+        assert one(keeper, "SELECT lease_renew('sweep', 'alice', %s)", (HOUR,)) is True
+        assert one(keeper, "SELECT lease_release('other', 'alice')") is True
+        assert writer.execute(FENCED_WRITE, (1, "still", "alice", 1)).rowcount == 1
+    assert conn.execute("SELECT note FROM report ORDER BY note").fetchall() == [
+        ("fenced",),
+        ("still",),
+    ]
+
+
+def test_a_takeover_after_expiry_waits_for_the_fenced_transaction(
+    report: Conn, connect: Connect, background: Callable[..., Future[Any]]
+) -> None:
+    conn = report
+    assert one(conn, "SELECT lease_claim('sweep', %s, 'alice')", (HOUR,)) == 1
+    writer, claimer = connect(), blocking_conn(connect)
+    order: list[str] = []
+    with writer.transaction():
+        assert writer.execute(FENCED_WRITE, (1, "fenced", "alice", 1)).rowcount == 1
+        # The transaction outlasts the lease: expire it (a no-key update, as a
+        # renewal is, which passes the writer's lock).
+        conn.execute(
+            "UPDATE pylease_leases SET expires_at = clock_timestamp() - interval '1 second'"
+        )
+
+        def take() -> Any:
+            fence = one(claimer, "SELECT lease_claim('sweep', %s, 'bob')", (HOUR,))
+            order.append(f"granted {fence}")
+            return fence
+
+        taken = background(take)
+        wait_blocked(conn, claimer)
+        assert one(conn, "SELECT holder FROM lease_status('sweep')") == "alice"
+        order.append("fenced transaction commits")
+    assert taken.result(timeout=30) == 2
+    assert order == ["fenced transaction commits", "granted 2"]
+    assert writer.execute(FENCED_WRITE, (1, "stale", "alice", 1)).rowcount == 0
+
+
+def test_a_claim_after_the_holders_release_waits_for_its_fenced_transaction(
+    report: Conn, connect: Connect, background: Callable[..., Future[Any]]
+) -> None:
+    conn = report
+    assert one(conn, "SELECT lease_claim('sweep', %s, 'alice')", (HOUR,)) == 1
+    writer, claimer = connect(), blocking_conn(connect)
+    with writer.transaction():
+        assert writer.execute(FENCED_WRITE, (1, "fenced", "alice", 1)).rowcount == 1
+        # The release passes (no key change) ...
+        assert one(conn, "SELECT lease_release('sweep', 'alice')") is True
+        # ... but the grant that follows it waits for the fenced transaction.
+        taken = background(one, claimer, "SELECT lease_claim('sweep', %s, 'bob')", (HOUR,))
+        wait_blocked(conn, claimer)
+        assert not taken.done()
+    assert taken.result(timeout=30) == 2

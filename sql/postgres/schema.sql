@@ -28,11 +28,39 @@ CREATE TABLE pylease_leases (
     acquired_at timestamptz NOT NULL,
     renewed_at  timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
-    released    boolean     NOT NULL DEFAULT false
+    released    boolean     NOT NULL DEFAULT false,
+    grants      bigint      NOT NULL DEFAULT 0,
+    takeovers   bigint      NOT NULL DEFAULT 0,
+    steals      bigint      NOT NULL DEFAULT 0,
+    releases    bigint      NOT NULL DEFAULT 0
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE pylease_leases IS
     'pylease: one row per lease name; written only through the lease_* functions.';
+
+-- The cost, measured: a grant is no longer a HOT update (one more index entry
+-- per grant), renewals and releases still are. The alternative, renewing row by
+-- row around a FOR SHARE lock, would leave the fenced lease's own renewal
+-- waiting and make the keeper's one statement many.
+CREATE UNIQUE INDEX pylease_leases_fence ON pylease_leases (name, fence);
+-- What happened to each lease, newest last; rows are only ever added (and pruned).
+-- The two indexes serve lease_history's two queries (all names, one name) and
+-- lease_prune_history.
+CREATE TABLE pylease_events (
+    id              bigint      GENERATED ALWAYS AS IDENTITY,
+    at              timestamptz NOT NULL,
+    name            text        NOT NULL,
+    event           text        NOT NULL
+                    CHECK (event IN ('claimed', 'taken_over', 'stolen', 'released')),
+    holder          text        NOT NULL,
+    fence           bigint      NOT NULL,
+    previous_holder text
+);
+CREATE INDEX pylease_events_at ON pylease_events (at, id);
+CREATE INDEX pylease_events_name_at ON pylease_events (name, at, id);
+
+COMMENT ON TABLE pylease_events IS
+    'pylease: lease history (pylease.history = rare | all | none); written only through the lease_* functions.';
 
 -- Argument checks -------------------------------------------------------------
 
@@ -41,11 +69,14 @@ CREATE FUNCTION pylease_check_key(parameter text, value text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
 BEGIN
     IF value IS NULL THEN
-        RAISE EXCEPTION 'pylease: % must not be NULL', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must not be NULL', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF value = '' THEN
-        RAISE EXCEPTION 'pylease: % must not be empty', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must not be empty', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF length(value) > 200 THEN
-        RAISE EXCEPTION 'pylease: % must be at most 200 characters', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must be at most 200 characters', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     END IF;
 END
 $$;
@@ -55,13 +86,17 @@ CREATE FUNCTION pylease_check_ttl(parameter text, value interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
 BEGIN
     IF value IS NULL THEN
-        RAISE EXCEPTION 'pylease: % must not be NULL', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must not be NULL', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF NOT isfinite(value) THEN
-        RAISE EXCEPTION 'pylease: % must be finite', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must be finite', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF value <= interval '0' THEN
-        RAISE EXCEPTION 'pylease: % must be positive', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must be positive', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF value > interval '366 days' THEN
-        RAISE EXCEPTION 'pylease: % must be at most 366 days', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must be at most 366 days', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     END IF;
 END
 $$;
@@ -72,14 +107,71 @@ CREATE FUNCTION pylease_check_span(parameter text, value interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
 BEGIN
     IF value IS NULL THEN
-        RAISE EXCEPTION 'pylease: % must not be NULL', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must not be NULL', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF NOT isfinite(value) THEN
-        RAISE EXCEPTION 'pylease: % must be finite', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must be finite', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF value < interval '0' THEN
-        RAISE EXCEPTION 'pylease: % must not be negative', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must not be negative', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     ELSIF value > interval '366 days' THEN
-        RAISE EXCEPTION 'pylease: % must be at most 366 days', parameter USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: % must be at most 366 days', parameter
+            USING ERRCODE = '22023', COLUMN = parameter;
     END IF;
+END
+$$;
+
+-- Raises 22023 unless a batch's arrays are given, as long as each other, with
+-- valid names, holders and (NULL or valid) ttls.
+CREATE FUNCTION pylease_check_batch(names text[], holders text[], ttls interval[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF names IS NULL THEN
+        RAISE EXCEPTION 'pylease: names must not be NULL' USING ERRCODE = '22023', COLUMN = 'names';
+    ELSIF holders IS NULL THEN
+        RAISE EXCEPTION 'pylease: holders must not be NULL'
+            USING ERRCODE = '22023', COLUMN = 'holders';
+    ELSIF cardinality(names) <> cardinality(holders) THEN
+        RAISE EXCEPTION 'pylease: holders must have as many elements as names'
+            USING ERRCODE = '22023', COLUMN = 'holders';
+    ELSIF EXISTS (SELECT FROM unnest(names) AS u(v) WHERE v IS NULL OR v = '' OR length(v) > 200) THEN
+        RAISE EXCEPTION 'pylease: names must hold only non-empty texts of at most 200 characters'
+            USING ERRCODE = '22023', COLUMN = 'names';
+    ELSIF EXISTS (SELECT FROM unnest(holders) AS u(v) WHERE v IS NULL OR v = '' OR length(v) > 200) THEN
+        RAISE EXCEPTION 'pylease: holders must hold only non-empty texts of at most 200 characters'
+            USING ERRCODE = '22023', COLUMN = 'holders';
+    END IF;
+    IF ttls IS NOT NULL THEN
+        IF cardinality(ttls) <> cardinality(names) THEN
+            RAISE EXCEPTION 'pylease: ttls must have as many elements as names'
+                USING ERRCODE = '22023', COLUMN = 'ttls';
+        ELSIF EXISTS (SELECT FROM unnest(ttls) AS u(v)
+                       WHERE NOT isfinite(v) OR v <= interval '0' OR v > interval '366 days') THEN
+            RAISE EXCEPTION 'pylease: ttls must hold only NULLs or finite, positive ttls of at most 366 days'
+                USING ERRCODE = '22023', COLUMN = 'ttls';
+        END IF;
+    END IF;
+END
+$$;
+
+-- Raises 25006 naming the operation: a standby answers reads, so a claim there
+-- would otherwise look busy, and a write would fail with a bare driver error.
+CREATE FUNCTION pylease_refuse_standby(operation text) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RAISE EXCEPTION 'pylease: % needs the primary: this server is a read-only standby', operation
+        USING ERRCODE = '25006',
+              HINT = 'Connect to the primary, e.g. with target_session_attrs=read-write in the connection string.';
+END
+$$;
+
+-- Raises 22023 for a pylease.history setting that is not rare, all, none or empty.
+CREATE FUNCTION pylease_refuse_history(setting text) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RAISE EXCEPTION 'pylease: pylease.history must be rare, all or none, not %', quote_literal(setting)
+        USING ERRCODE = '22023', COLUMN = 'pylease.history';
 END
 $$;
 
@@ -87,6 +179,9 @@ $$;
 
 -- Claim a lease: the fence when granted, NULL when another holder's unexpired
 -- lease stands. A busy lease is answered by one read: no row lock, no WAL.
+-- A grant updates the row only if it is still as read (fence, released), so
+-- that the exhaustion check and the history see exactly the row they replace;
+-- otherwise somebody else changed it meanwhile and the claim looks again.
 CREATE FUNCTION lease_claim(name text, ttl interval, holder text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
@@ -94,8 +189,10 @@ DECLARE
     t_now     timestamptz := clock_timestamp();
     granted   bigint;
     s_holder  text;
+    s_fence   bigint;
     s_expires timestamptz;
     s_freed   boolean;
+    history   text;
 BEGIN
     -- One cheap test in the common case; the checks that raise run only when it fails.
     IF lease_claim.name IS NULL OR lease_claim.name = '' OR length(lease_claim.name) > 200
@@ -107,43 +204,92 @@ BEGIN
         PERFORM pylease_check_ttl('ttl', lease_claim.ttl);
         PERFORM pylease_check_key('holder', lease_claim.holder);
     END IF;
-
-    SELECT l.holder, l.expires_at, l.released INTO s_holder, s_expires, s_freed
-      FROM pylease_leases AS l
-     WHERE l.name = lease_claim.name;
-    IF FOUND THEN
-        IF s_expires > t_now AND (s_holder <> lease_claim.holder OR s_freed) THEN
-            RETURN NULL;
-        END IF;
-        -- Free (released or expired), or still ours: a retried claim whose reply was
-        -- lost keeps its fence instead of looking busy. The WHERE decides the race
-        -- with other claimers; NULL when one of them got there since the read.
-        UPDATE pylease_leases AS l
-           SET fence       = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
-                                  THEN l.fence ELSE l.fence + 1 END,
-               acquired_at = CASE WHEN l.holder = lease_claim.holder AND NOT l.released
-                                  THEN l.acquired_at ELSE t_now END,
-               holder      = lease_claim.holder,
-               ttl         = lease_claim.ttl,
-               renewed_at  = t_now,
-               expires_at  = t_now + lease_claim.ttl,
-               released    = false
-         WHERE l.name = lease_claim.name
-           AND (l.expires_at <= t_now OR (l.holder = lease_claim.holder AND NOT l.released))
-        RETURNING l.fence INTO granted;
-        RETURN granted;
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_claim');
     END IF;
 
-    -- A first claim of the name; a conflict means another claimer created it first.
-    INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
-    VALUES (lease_claim.name, lease_claim.holder, 1, lease_claim.ttl, t_now, t_now, t_now + lease_claim.ttl)
-    ON CONFLICT (name) DO NOTHING
-    RETURNING l.fence INTO granted;
-    RETURN granted;
+    LOOP
+        SELECT l.holder, l.fence, l.expires_at, l.released
+          INTO s_holder, s_fence, s_expires, s_freed
+          FROM pylease_leases AS l
+         WHERE l.name = lease_claim.name;
+        IF NOT FOUND THEN
+            -- A first claim of the name; a conflict means another claimer created it first.
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, grants)
+            VALUES (lease_claim.name, lease_claim.holder,
+                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
+                    lease_claim.ttl, t_now, t_now, t_now + lease_claim.ttl, 1)
+            ON CONFLICT (name) DO NOTHING
+            RETURNING l.fence INTO granted;
+            IF FOUND THEN
+                history := current_setting('pylease.history', true);
+                IF history = 'all' THEN
+                    INSERT INTO pylease_events (at, name, event, holder, fence)
+                    VALUES (t_now, lease_claim.name, 'claimed', lease_claim.holder, granted);
+                ELSIF history NOT IN ('', 'rare', 'none') THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+            END IF;
+            RETURN granted;
+        END IF;
+
+        IF s_holder = lease_claim.holder AND NOT s_freed THEN
+            -- Still ours: a retried claim whose reply was lost keeps its fence
+            -- instead of looking busy.
+            UPDATE pylease_leases AS l
+               SET ttl        = lease_claim.ttl,
+                   renewed_at = t_now,
+                   expires_at = t_now + lease_claim.ttl
+             WHERE l.name = lease_claim.name AND l.fence = s_fence
+               AND l.holder = lease_claim.holder AND NOT l.released
+            RETURNING l.fence INTO granted;
+            IF FOUND THEN
+                RETURN granted;
+            END IF;
+        ELSIF s_expires > t_now THEN
+            RETURN NULL;
+        ELSIF s_fence = 9223372036854775807 THEN
+            RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
+                quote_literal(lease_claim.name), s_fence USING ERRCODE = '54000';
+        ELSE
+            -- Free (released, or expired: a takeover). The fence is floored by the
+            -- timeline WAL is written on, so a promoted standby never reissues the
+            -- old primary's fences.
+            UPDATE pylease_leases AS l
+               SET fence       = greatest(s_fence + 1,
+                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+                   acquired_at = t_now,
+                   holder      = lease_claim.holder,
+                   ttl         = lease_claim.ttl,
+                   renewed_at  = t_now,
+                   expires_at  = t_now + lease_claim.ttl,
+                   released    = false,
+                   grants      = l.grants + 1,
+                   takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
+             WHERE l.name = lease_claim.name AND l.fence = s_fence AND l.released = s_freed
+               AND l.expires_at <= t_now
+            RETURNING l.fence INTO granted;
+            IF FOUND THEN
+                history := current_setting('pylease.history', true);
+                IF history = 'all' OR (NOT s_freed AND coalesce(history, '') IN ('', 'rare')) THEN
+                    INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+                    VALUES (t_now, lease_claim.name,
+                            CASE WHEN s_freed THEN 'claimed' ELSE 'taken_over' END,
+                            lease_claim.holder, granted, s_holder);
+                ELSIF history NOT IN ('', 'rare', 'all', 'none') THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+                RETURN granted;
+            END IF;
+        END IF;
+    END LOOP;
 END
 $$;
 
 -- Renew a lease this holder still holds, also past its expiry if nobody took it.
+-- Never earlier: another renewer's shorter ttl must not cut short what the owner
+-- was granted.
 CREATE FUNCTION lease_renew(name text, holder text, ttl interval DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
@@ -161,11 +307,14 @@ BEGIN
             PERFORM pylease_check_ttl('ttl', lease_renew.ttl);
         END IF;
     END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_renew');
+    END IF;
 
     UPDATE pylease_leases AS l
        SET ttl        = coalesce(lease_renew.ttl, l.ttl),
            renewed_at = t_now,
-           expires_at = t_now + coalesce(lease_renew.ttl, l.ttl)
+           expires_at = greatest(l.expires_at, t_now + coalesce(lease_renew.ttl, l.ttl))
      WHERE l.name = lease_renew.name AND l.holder = lease_renew.holder AND NOT l.released;
     RETURN FOUND;
 END
@@ -179,27 +328,17 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t_now timestamptz := clock_timestamp();
 BEGIN
-    IF lease_renew_many.names IS NULL THEN
-        RAISE EXCEPTION 'pylease: names must not be NULL' USING ERRCODE = '22023';
-    ELSIF lease_renew_many.holders IS NULL THEN
-        RAISE EXCEPTION 'pylease: holders must not be NULL' USING ERRCODE = '22023';
-    ELSIF cardinality(lease_renew_many.names) <> cardinality(lease_renew_many.holders) THEN
-        RAISE EXCEPTION 'pylease: holders must have as many elements as names' USING ERRCODE = '22023';
-    ELSIF EXISTS (SELECT FROM unnest(lease_renew_many.names) AS u(v)
-                   WHERE v IS NULL OR v = '' OR length(v) > 200) THEN
-        RAISE EXCEPTION 'pylease: names must hold only non-empty texts of at most 200 characters'
-            USING ERRCODE = '22023';
-    ELSIF EXISTS (SELECT FROM unnest(lease_renew_many.holders) AS u(v)
-                   WHERE v IS NULL OR v = '' OR length(v) > 200) THEN
-        RAISE EXCEPTION 'pylease: holders must hold only non-empty texts of at most 200 characters'
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM pylease_check_batch(lease_renew_many.names, lease_renew_many.holders, NULL);
     IF lease_renew_many.ttl IS NOT NULL THEN
         PERFORM pylease_check_ttl('ttl', lease_renew_many.ttl);
     END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_renew_many');
+    END IF;
 
     -- Rows are locked in name order, so two renewers of overlapping sets (an
-    -- owner and a keep_fresh helper) cannot deadlock.
+    -- owner and a keep_fresh helper) cannot deadlock. FOR NO KEY UPDATE passes
+    -- the FOR KEY SHARE of a holder's fenced transaction.
     RETURN QUERY
     WITH wanted AS (
         SELECT u.n, u.h, u.i
@@ -214,12 +353,58 @@ BEGIN
         UPDATE pylease_leases AS l
            SET ttl        = coalesce(lease_renew_many.ttl, l.ttl),
                renewed_at = t_now,
-               expires_at = t_now + coalesce(lease_renew_many.ttl, l.ttl)
+               expires_at = greatest(l.expires_at, t_now + coalesce(lease_renew_many.ttl, l.ttl))
           FROM locked AS k
          WHERE l.name = k.name
         RETURNING l.name, l.holder
     )
     SELECT w.n, r.name IS NOT NULL
+      FROM wanted AS w
+      LEFT JOIN renewed AS r ON r.name = w.n AND r.holder = w.h
+     ORDER BY w.i;
+END
+$$;
+
+-- Renew many leases in one statement, each with its own ttl (NULL: its last
+-- one): per element of names, in order, whether it was renewed, the expiry
+-- granted and the server's clock when it was (NULLs when not renewed). A
+-- client's local expiry is its send time + (expires_at - server_time).
+CREATE FUNCTION lease_renew_each(names text[], holders text[], ttls interval[])
+RETURNS TABLE(name text, renewed boolean, expires_at timestamptz, server_time timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now timestamptz := clock_timestamp();
+BEGIN
+    IF lease_renew_each.ttls IS NULL THEN
+        RAISE EXCEPTION 'pylease: ttls must not be NULL' USING ERRCODE = '22023', COLUMN = 'ttls';
+    END IF;
+    PERFORM pylease_check_batch(lease_renew_each.names, lease_renew_each.holders, lease_renew_each.ttls);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_renew_each');
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT u.n, u.h, u.t, u.i
+          FROM unnest(lease_renew_each.names, lease_renew_each.holders, lease_renew_each.ttls)
+               WITH ORDINALITY AS u(n, h, t, i)
+    ), locked AS (
+        SELECT l.name
+          FROM pylease_leases AS l
+         WHERE (l.name, l.holder) IN (SELECT w.n, w.h FROM wanted AS w) AND NOT l.released
+         ORDER BY l.name
+           FOR NO KEY UPDATE OF l
+    ), renewed AS (
+        UPDATE pylease_leases AS l
+           SET ttl        = coalesce(w.t, l.ttl),
+               renewed_at = t_now,
+               expires_at = greatest(l.expires_at, t_now + coalesce(w.t, l.ttl))
+          FROM locked AS k, wanted AS w
+         WHERE l.name = k.name AND w.n = l.name AND w.h = l.holder
+        RETURNING l.name, l.holder, l.expires_at
+    )
+    SELECT w.n, r.name IS NOT NULL, r.expires_at, CASE WHEN r.name IS NOT NULL THEN t_now END
       FROM wanted AS w
       LEFT JOIN renewed AS r ON r.name = w.n AND r.holder = w.h
      ORDER BY w.i;
@@ -235,6 +420,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t_now    timestamptz := clock_timestamp();
     freed_at timestamptz;
+    freed    bigint;
+    history  text;
 BEGIN
     IF lease_release.name IS NULL OR lease_release.name = '' OR length(lease_release.name) > 200
        OR lease_release.holder IS NULL OR lease_release.holder = ''
@@ -247,6 +434,9 @@ BEGIN
         IF lease_release.min_hold IS NOT NULL THEN
             PERFORM pylease_check_span('min_hold', lease_release.min_hold);
         END IF;
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_release');
     END IF;
 
     -- Give up the flush only while this transaction has written nothing (as in
@@ -261,11 +451,19 @@ BEGIN
     UPDATE pylease_leases AS l
        SET released   = true,
            expires_at = CASE WHEN lease_release.min_hold IS NULL THEN t_now
-                             ELSE greatest(t_now, l.acquired_at + lease_release.min_hold) END
+                             ELSE greatest(t_now, l.acquired_at + lease_release.min_hold) END,
+           releases   = l.releases + 1
      WHERE l.name = lease_release.name AND l.holder = lease_release.holder AND NOT l.released
-    RETURNING l.expires_at INTO freed_at;
+    RETURNING l.expires_at, l.fence INTO freed_at, freed;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    history := current_setting('pylease.history', true);
+    IF history = 'all' THEN
+        INSERT INTO pylease_events (at, name, event, holder, fence)
+        VALUES (t_now, lease_release.name, 'released', lease_release.holder, freed);
+    ELSIF history NOT IN ('', 'rare', 'none') THEN
+        PERFORM pylease_refuse_history(history);
     END IF;
     IF freed_at <= t_now THEN
         PERFORM pg_notify('pylease', lease_release.name);
@@ -275,46 +473,93 @@ END
 $$;
 
 -- Take a lease whatever its state, when its holder last claimed or renewed at
--- least older_than ago; on a free name, a claim. The new fence, or NULL.
+-- least older_than ago; on a free name, a claim. The new fence, or NULL. As in
+-- lease_claim, the row is replaced only if it is still as read.
 CREATE FUNCTION lease_steal(name text, ttl interval, holder text, older_than interval DEFAULT '0')
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
-    t_now   timestamptz := clock_timestamp();
-    granted bigint;
+    t_now     timestamptz := clock_timestamp();
+    granted   bigint;
+    s_holder  text;
+    s_fence   bigint;
+    s_renewed timestamptz;
+    s_expires timestamptz;
+    s_freed   boolean;
+    kind      text;
+    history   text;
 BEGIN
     PERFORM pylease_check_key('name', lease_steal.name);
     PERFORM pylease_check_ttl('ttl', lease_steal.ttl);
     PERFORM pylease_check_key('holder', lease_steal.holder);
     PERFORM pylease_check_span('older_than', lease_steal.older_than);
-
-    UPDATE pylease_leases AS l
-       SET fence       = l.fence + 1,
-           holder      = lease_steal.holder,
-           ttl         = lease_steal.ttl,
-           acquired_at = t_now,
-           renewed_at  = t_now,
-           expires_at  = t_now + lease_steal.ttl,
-           released    = false
-     WHERE l.name = lease_steal.name
-       AND (l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
-    RETURNING l.fence INTO granted;
-    IF FOUND THEN
-        RETURN granted;
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_steal');
     END IF;
 
-    INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
-    VALUES (lease_steal.name, lease_steal.holder, 1, lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl)
-    ON CONFLICT (name) DO NOTHING
-    RETURNING l.fence INTO granted;
+    LOOP
+        SELECT l.holder, l.fence, l.renewed_at, l.expires_at, l.released
+          INTO s_holder, s_fence, s_renewed, s_expires, s_freed
+          FROM pylease_leases AS l
+         WHERE l.name = lease_steal.name;
+        IF NOT FOUND THEN
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, grants)
+            VALUES (lease_steal.name, lease_steal.holder,
+                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
+                    lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl, 1)
+            ON CONFLICT (name) DO NOTHING
+            RETURNING l.fence INTO granted;
+            kind := 'claimed';
+            EXIT;
+        END IF;
+        IF s_renewed > t_now - lease_steal.older_than AND s_expires > t_now THEN
+            RETURN NULL;
+        ELSIF s_fence = 9223372036854775807 THEN
+            RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
+                quote_literal(lease_steal.name), s_fence USING ERRCODE = '54000';
+        END IF;
+        -- From an unexpired holder a steal; of a free or expired name what a claim is.
+        kind := CASE WHEN s_freed THEN 'claimed' WHEN s_expires <= t_now THEN 'taken_over'
+                     ELSE 'stolen' END;
+
+        UPDATE pylease_leases AS l
+           SET fence       = greatest(s_fence + 1,
+                ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+               holder      = lease_steal.holder,
+               ttl         = lease_steal.ttl,
+               acquired_at = t_now,
+               renewed_at  = t_now,
+               expires_at  = t_now + lease_steal.ttl,
+               released    = false,
+               grants      = l.grants + 1,
+               takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
+               steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
+         WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
+           AND l.expires_at = s_expires
+           AND (l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
+        RETURNING l.fence INTO granted;
+        EXIT WHEN FOUND;
+    END LOOP;
+
+    IF granted IS NOT NULL THEN
+        history := current_setting('pylease.history', true);
+        IF history = 'all' OR (kind <> 'claimed' AND coalesce(history, '') IN ('', 'rare')) THEN
+            INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+            VALUES (t_now, lease_steal.name, kind, lease_steal.holder, granted, s_holder);
+        ELSIF history NOT IN ('', 'rare', 'all', 'none') THEN
+            PERFORM pylease_refuse_history(history);
+        END IF;
+    END IF;
     RETURN granted;
 END
 $$;
 
 -- True iff this holder holds the unexpired lease with this fence. Locks the row
--- FOR SHARE, so a fenced write in the caller's transaction and any takeover
--- are serialized.
+-- FOR KEY SHARE: every grant changes the fence, a key column, so a fenced write
+-- in the caller's transaction and any takeover are serialized, while renewals
+-- and releases (no key change) never wait for it.
 CREATE FUNCTION lease_holds(name text, holder text, fence bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
@@ -325,55 +570,142 @@ BEGIN
     THEN
         PERFORM pylease_check_key('name', lease_holds.name);
         PERFORM pylease_check_key('holder', lease_holds.holder);
-        RAISE EXCEPTION 'pylease: fence must not be NULL' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pylease: fence must not be NULL' USING ERRCODE = '22023', COLUMN = 'fence';
     END IF;
 
     PERFORM FROM pylease_leases AS l
       WHERE l.name = lease_holds.name AND l.holder = lease_holds.holder
         AND l.fence = lease_holds.fence AND NOT l.released
         AND l.expires_at > clock_timestamp()
-        FOR SHARE;
+        FOR KEY SHARE;
     RETURN FOUND;
 END
 $$;
 
 -- One row per name ever claimed (all names when name is NULL); held means
--- unexpired and not released. SQL, not PL/pgSQL: only SQL lets the argument
--- and the output column share the name "name".
+-- unexpired and not released; state tells held, resting (released, not yet
+-- claimable: min_hold), released and expired apart. SQL, not PL/pgSQL: only SQL
+-- lets the argument and the output column share the name "name".
 CREATE FUNCTION lease_status(name text DEFAULT NULL)
 RETURNS TABLE(name text, holder text, fence bigint, acquired_at timestamptz,
-              renewed_at timestamptz, expires_at timestamptz, held boolean)
+              renewed_at timestamptz, expires_at timestamptz, held boolean,
+              state text, ttl interval)
 LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
     SELECT l.name, l.holder, l.fence, l.acquired_at, l.renewed_at, l.expires_at,
-           NOT l.released AND l.expires_at > clock_timestamp()
+           NOT l.released AND l.expires_at > c.now,
+           CASE WHEN l.expires_at > c.now THEN CASE WHEN l.released THEN 'resting' ELSE 'held' END
+                WHEN l.released THEN 'released' ELSE 'expired' END,
+           l.ttl
+      FROM pylease_leases AS l, (SELECT clock_timestamp() AS now) AS c
+     WHERE $1 IS NULL OR l.name = $1
+     ORDER BY l.name;
+$$;
+
+-- Per name, how many grants (every new tenure), takeovers (after an expiry
+-- without a release), steals (from an unexpired holder) and releases there were.
+CREATE FUNCTION lease_counters(name text DEFAULT NULL)
+RETURNS TABLE(name text, grants bigint, takeovers bigint, steals bigint, releases bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
+    SELECT l.name, l.grants, l.takeovers, l.steals, l.releases
       FROM pylease_leases AS l
      WHERE $1 IS NULL OR l.name = $1
      ORDER BY l.name;
 $$;
 
+-- lease_history's rows, one query per case, so that each one uses its index.
+CREATE FUNCTION pylease_history_rows(lease text, since timestamptz, max_rows integer)
+RETURNS TABLE(at timestamptz, name text, event text, holder text, fence bigint, previous_holder text)
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000 THEN
+        RAISE EXCEPTION 'pylease: max_rows must be between 1 and 10000'
+            USING ERRCODE = '22023', COLUMN = 'max_rows';
+    END IF;
+    IF lease IS NULL THEN
+        RETURN QUERY
+        SELECT e.at, e.name, e.event, e.holder, e.fence, e.previous_holder
+          FROM pylease_events AS e
+         WHERE e.at >= coalesce(pylease_history_rows.since, '-infinity')
+         ORDER BY e.at DESC, e.id DESC
+         LIMIT pylease_history_rows.max_rows;
+    ELSE
+        PERFORM pylease_check_key('name', lease);
+        RETURN QUERY
+        SELECT e.at, e.name, e.event, e.holder, e.fence, e.previous_holder
+          FROM pylease_events AS e
+         WHERE e.name = lease AND e.at >= coalesce(pylease_history_rows.since, '-infinity')
+         ORDER BY e.at DESC, e.id DESC
+         LIMIT pylease_history_rows.max_rows;
+    END IF;
+END
+$$;
+
+-- Events newest first (ties: the later recorded first), of one name or all,
+-- since a moment (inclusive), at most max_rows (1 to 10000).
+CREATE FUNCTION lease_history(name text DEFAULT NULL, since timestamptz DEFAULT NULL,
+                              max_rows integer DEFAULT 100)
+RETURNS TABLE(at timestamptz, name text, event text, holder text, fence bigint, previous_holder text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT * FROM pylease_history_rows($1, $2, $3);
+$$;
+
+-- Delete the events older than older_than; how many were deleted.
+CREATE FUNCTION lease_prune_history(older_than interval) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    deleted bigint;
+BEGIN
+    PERFORM pylease_check_span('older_than', lease_prune_history.older_than);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_prune_history');
+    END IF;
+    DELETE FROM pylease_events AS e
+     WHERE e.at < clock_timestamp() - lease_prune_history.older_than;
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+
 COMMENT ON FUNCTION lease_claim(text, interval, text) IS
     'pylease: claim a lease; returns the fence when granted, NULL when another holder''s unexpired lease stands.';
 COMMENT ON FUNCTION lease_renew(text, text, interval) IS
-    'pylease: extend a lease this holder still holds to now + ttl (the last ttl when NULL); false once lost.';
+    'pylease: extend a lease this holder still holds to the later of its expiry and now + ttl (the last ttl when NULL); false once lost.';
 COMMENT ON FUNCTION lease_renew_many(text[], text[], interval) IS
     'pylease: renew many leases in one statement; one (name, renewed) row per element, in order.';
+COMMENT ON FUNCTION lease_renew_each(text[], text[], interval[]) IS
+    'pylease: renew many leases in one statement with a ttl each; per element, in order: renewed, the expiry granted, the server''s clock.';
 COMMENT ON FUNCTION lease_release(text, text, interval) IS
     'pylease: give back a lease this holder still holds (free again at acquired_at + min_hold at the earliest); NOTIFY pylease when freed.';
 COMMENT ON FUNCTION lease_steal(text, interval, text, interval) IS
     'pylease: take a lease whatever its state when its holder last renewed at least older_than ago; the new fence or NULL.';
 COMMENT ON FUNCTION lease_holds(text, text, bigint) IS
-    'pylease: true iff the unexpired lease is held by this holder with this fence; locks the row FOR SHARE.';
+    'pylease: true iff the unexpired lease is held by this holder with this fence; locks the row FOR KEY SHARE against every grant.';
 COMMENT ON FUNCTION lease_status(text) IS
-    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released.';
+    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released; state is held, resting, released or expired.';
+COMMENT ON FUNCTION lease_counters(text) IS
+    'pylease: per lease name, how many grants, takeovers, steals and releases there were.';
+COMMENT ON FUNCTION lease_history(text, timestamptz, integer) IS
+    'pylease: recorded events (pylease.history), newest first, since a moment, at most max_rows.';
+COMMENT ON FUNCTION lease_prune_history(interval) IS
+    'pylease: delete the events older than older_than; returns how many.';
 
 -- Privileges ------------------------------------------------------------------
 
 REVOKE ALL ON TABLE pylease_leases FROM PUBLIC;
+REVOKE ALL ON TABLE pylease_events FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_key(text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_ttl(text, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_span(text, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_check_batch(text[], text[], interval[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_refuse_standby(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_refuse_history(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_history_rows(text, timestamptz, integer) FROM PUBLIC;
 -- Stealing breaks somebody's lease: an operator grants it to the roles that may.
 REVOKE EXECUTE ON FUNCTION lease_steal(text, interval, text, interval) FROM PUBLIC;
+-- Pruning destroys the record: an operator grants it to the roles that may.
+REVOKE EXECUTE ON FUNCTION lease_prune_history(interval) FROM PUBLIC;
 
 COMMIT;

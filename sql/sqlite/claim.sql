@@ -6,25 +6,32 @@
 --   :name         TEXT, 1 to 200 characters
 --   :ttl_seconds  REAL, more than 0 and at most 31622400 (366 days)
 --   :holder       TEXT, 1 to 200 characters
+-- A new tenure counts a grant (and a takeover after an expiry without release),
+-- and is recorded in pylease_events by triggers as pylease_settings asks.
 -- Result: one row (fence INTEGER) when granted; no row when another holder's
 -- unexpired lease stands (a busy claim writes nothing). Claiming again as the
 -- holder the row still names (not released) extends it and keeps the fence.
--- Bad arguments fail with "pylease: <parameter> must ..." (constraint error).
+-- Bad arguments fail with "pylease: <parameter> must ..." (constraint error); a
+-- name whose fences are exhausted (2^63-1) with "pylease: fences exhausted ...".
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
-INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
-SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds
+INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants)
+SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
   FROM clock
  WHERE true
     ON CONFLICT (name) DO UPDATE
-   SET fence       = CASE WHEN l.holder = excluded.holder AND NOT l.released
-                          THEN l.fence ELSE l.fence + 1 END,
+   SET fence       = CASE WHEN l.holder = excluded.holder AND NOT l.released THEN l.fence
+                          WHEN l.fence < 9223372036854775807 THEN l.fence + 1 END,
        acquired_at = CASE WHEN l.holder = excluded.holder AND NOT l.released
                           THEN l.acquired_at ELSE excluded.acquired_at END,
        holder      = excluded.holder,
        ttl         = excluded.ttl,
        renewed_at  = excluded.renewed_at,
        expires_at  = excluded.expires_at,
-       released    = 0
+       released    = 0,
+       grants      = l.grants + CASE WHEN l.holder = excluded.holder AND NOT l.released
+                                     THEN 0 ELSE 1 END,
+       takeovers   = l.takeovers + CASE WHEN l.holder <> excluded.holder AND NOT l.released
+                                        THEN 1 ELSE 0 END
  WHERE l.expires_at <= excluded.renewed_at
     OR (l.holder = excluded.holder AND NOT l.released)
 RETURNING fence;

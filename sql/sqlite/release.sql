@@ -15,6 +15,7 @@ WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
 UPDATE pylease_leases
    SET released   = 1,
        expires_at = CASE WHEN :min_hold_seconds IS NULL THEN (SELECT now FROM clock)
-                         ELSE max((SELECT now FROM clock), acquired_at + :min_hold_seconds) END
+                         ELSE max((SELECT now FROM clock), acquired_at + :min_hold_seconds) END,
+       releases   = releases + 1
  WHERE name = :name AND holder = :holder AND NOT released
 RETURNING expires_at;

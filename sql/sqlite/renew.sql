@@ -1,6 +1,7 @@
 -- renew: extend lease :name that :holder still holds to now + :ttl_seconds, or
 -- now + the last granted ttl when :ttl_seconds is NULL; also past its expiry
--- if nobody claimed it since (contract: lease_renew).
+-- if nobody claimed it since (contract: lease_renew). Never earlier: the expiry
+-- becomes the later of the current one and now + ttl; the ttl is stored anyway.
 --
 -- Call it as one statement inside BEGIN IMMEDIATE ... COMMIT. Parameters (named):
 --   :name         TEXT, 1 to 200 characters
@@ -12,6 +13,6 @@ WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
 UPDATE pylease_leases
    SET ttl        = coalesce(:ttl_seconds, ttl),
        renewed_at = (SELECT now FROM clock),
-       expires_at = (SELECT now FROM clock) + coalesce(:ttl_seconds, ttl)
+       expires_at = max(expires_at, (SELECT now FROM clock) + coalesce(:ttl_seconds, ttl))
  WHERE name = :name AND holder = :holder AND NOT released
 RETURNING fence, expires_at;

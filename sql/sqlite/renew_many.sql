@@ -1,5 +1,5 @@
 -- renew_many: renew many leases in one statement, each for the holder at the
--- same position (contract: lease_renew_many).
+-- same position (contract: lease_renew_many). Never earlier, as renew.sql.
 --
 -- Call it as one statement inside BEGIN IMMEDIATE ... COMMIT. Parameters (named):
 --   :names        TEXT, a JSON array of names, e.g. '["sweep", "report"]'
@@ -16,6 +16,6 @@ wanted(name, holder) AS (
 UPDATE pylease_leases
    SET ttl        = coalesce(:ttl_seconds, ttl),
        renewed_at = (SELECT now FROM clock),
-       expires_at = (SELECT now FROM clock) + coalesce(:ttl_seconds, ttl)
+       expires_at = max(expires_at, (SELECT now FROM clock) + coalesce(:ttl_seconds, ttl))
  WHERE NOT released AND (name, holder) IN (SELECT name, holder FROM wanted)
 RETURNING name, holder;

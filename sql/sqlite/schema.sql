@@ -7,7 +7,7 @@
 -- Tables ----------------------------------------------------------------------
 
 -- One row per name ever claimed. Rows are never deleted, so the fence of a name
--- can only grow.
+-- can only grow. The counters are kept by claim.sql, steal.sql and release.sql.
 CREATE TABLE pylease_leases (
     name        TEXT    NOT NULL PRIMARY KEY,
     holder      TEXT    NOT NULL,
@@ -16,7 +16,11 @@ CREATE TABLE pylease_leases (
     acquired_at REAL    NOT NULL,
     renewed_at  REAL    NOT NULL,
     expires_at  REAL    NOT NULL,
-    released    INTEGER NOT NULL DEFAULT 0 CHECK (released IN (0, 1))
+    released    INTEGER NOT NULL DEFAULT 0 CHECK (released IN (0, 1)),
+    grants      INTEGER NOT NULL DEFAULT 0,
+    takeovers   INTEGER NOT NULL DEFAULT 0,
+    steals      INTEGER NOT NULL DEFAULT 0,
+    releases    INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 
 -- Checks ----------------------------------------------------------------------
@@ -55,4 +59,70 @@ END;
 CREATE TRIGGER pylease_leases_keep_rows BEFORE DELETE ON pylease_leases
 BEGIN
     SELECT RAISE(ABORT, 'pylease: lease rows are never deleted (their fences must not go back)');
+END;
+
+-- A grant past the last fence (claim.sql and steal.sql compute NULL there) fails
+-- before the row changes.
+CREATE TRIGGER pylease_leases_fences_exhausted BEFORE UPDATE OF fence ON pylease_leases
+WHEN NEW.fence IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: fences exhausted: this lease has used every fence (2^63-1)');
+END;
+
+-- What happened to each lease; rows are only ever added (and pruned). The
+-- indexes serve history.sql (all names, one name) and prune_history.sql.
+CREATE TABLE pylease_events (
+    id              INTEGER PRIMARY KEY,
+    at              REAL    NOT NULL,
+    name            TEXT    NOT NULL,
+    event           TEXT    NOT NULL CHECK (event IN ('claimed', 'taken_over', 'stolen', 'released')),
+    holder          TEXT    NOT NULL,
+    fence           INTEGER NOT NULL,
+    previous_holder TEXT
+) STRICT;
+CREATE INDEX pylease_events_at ON pylease_events (at);
+CREATE INDEX pylease_events_name_at ON pylease_events (name, at);
+
+CREATE TRIGGER pylease_events_append_only BEFORE UPDATE ON pylease_events
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: history events are never changed');
+END;
+
+-- Settings of the whole file: 'history' (rare | all | none).
+CREATE TABLE pylease_settings (
+    name  TEXT NOT NULL PRIMARY KEY,
+    value TEXT NOT NULL,
+    CHECK (name <> 'history' OR value IN ('', 'rare', 'all', 'none'))
+) STRICT;
+
+-- A first claim (or a steal of a new name): 'claimed', under 'all' only.
+CREATE TRIGGER pylease_history_created AFTER INSERT ON pylease_leases
+WHEN (SELECT value FROM pylease_settings WHERE name = 'history') = 'all'
+BEGIN
+    INSERT INTO pylease_events (at, name, event, holder, fence)
+    VALUES (NEW.acquired_at, NEW.name, 'claimed', NEW.holder, NEW.fence);
+END;
+
+-- A new tenure (the fence moved): claimed after a release, taken_over after an
+-- expiry without one, stolen from an unexpired holder.
+CREATE TRIGGER pylease_history_granted AFTER UPDATE OF fence ON pylease_leases
+WHEN NEW.fence IS NOT OLD.fence
+BEGIN
+    INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+    SELECT NEW.acquired_at, NEW.name, k.kind, NEW.holder, NEW.fence, OLD.holder
+      FROM (SELECT CASE WHEN OLD.released THEN 'claimed'
+                        WHEN OLD.expires_at <= NEW.acquired_at THEN 'taken_over'
+                        ELSE 'stolen' END AS kind) AS k,
+           (SELECT coalesce((SELECT value FROM pylease_settings WHERE name = 'history'), '')
+                   AS mode) AS s
+     WHERE s.mode = 'all' OR (s.mode IN ('', 'rare') AND k.kind <> 'claimed');
+END;
+
+CREATE TRIGGER pylease_history_released AFTER UPDATE OF released ON pylease_leases
+WHEN NEW.released AND NOT OLD.released
+ AND (SELECT value FROM pylease_settings WHERE name = 'history') = 'all'
+BEGIN
+    INSERT INTO pylease_events (at, name, event, holder, fence)
+    VALUES (round((julianday('now') - 2440587.5) * 86400.0, 3), NEW.name, 'released',
+            NEW.holder, NEW.fence);
 END;

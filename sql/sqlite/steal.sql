@@ -9,21 +9,27 @@
 --   :older_than_seconds  REAL, from 0 to 31622400 (0: steal unconditionally)
 -- Result: one row (fence INTEGER, always a new one) when taken; no row when the
 -- holder renewed more recently than :older_than_seconds ago.
+-- A name whose fences are exhausted (2^63-1) fails with "pylease: fences exhausted ...".
 -- Bad arguments fail with "pylease: <parameter> must ..." (constraint error);
 -- check 0 <= :older_than_seconds <= 31622400 (366 days) yourself.
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
-INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at)
-SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds
+INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants)
+SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
   FROM clock
  WHERE true
     ON CONFLICT (name) DO UPDATE
-   SET fence       = l.fence + 1,
+   SET fence       = CASE WHEN l.fence < 9223372036854775807 THEN l.fence + 1 END,
        holder      = excluded.holder,
        ttl         = excluded.ttl,
        acquired_at = excluded.acquired_at,
        renewed_at  = excluded.renewed_at,
        expires_at  = excluded.expires_at,
-       released    = 0
+       released    = 0,
+       grants      = l.grants + 1,
+       takeovers   = l.takeovers + CASE WHEN NOT l.released AND l.expires_at <= excluded.renewed_at
+                                        THEN 1 ELSE 0 END,
+       steals      = l.steals + CASE WHEN NOT l.released AND l.expires_at > excluded.renewed_at
+                                     THEN 1 ELSE 0 END
  WHERE l.renewed_at <= excluded.renewed_at - :older_than_seconds
     OR l.expires_at <= excluded.renewed_at
 RETURNING fence;

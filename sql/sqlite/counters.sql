@@ -1,0 +1,12 @@
+-- counters: per name ever claimed, or only :name, how many grants (every new
+-- tenure), takeovers (after an expiry without a release), steals (from an
+-- unexpired holder) and releases there were (contract: lease_counters).
+--
+-- A read: runs in autocommit. Parameters (named):
+--   :name  TEXT, or NULL for every name
+-- Result: rows (name TEXT, grants INTEGER, takeovers INTEGER, steals INTEGER,
+-- releases INTEGER), ordered by name.
+SELECT name, grants, takeovers, steals, releases
+  FROM pylease_leases
+ WHERE :name IS NULL OR name = :name
+ ORDER BY name;
