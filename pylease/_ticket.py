@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from pylease._acompat import monotonic
 from pylease.errors import LeaseLost
 
 logger = logging.getLogger("pylease")
@@ -31,8 +31,13 @@ def margin(ttl: float) -> float:
 class Ticket:
     """One lease kept fresh, and what is known about it.
 
-    ``expires`` is a monotonic-clock lower bound of the lease's expiry: the moment
-    the last successful claim or renewal was *sent*, plus the ttl.
+    ``expires`` is a lower bound of the lease's expiry on the keeper's clock
+    (:func:`pylease._acompat.monotonic`): the moment the last successful claim or
+    renewal was *sent*, plus the time the server granted it (the claim's ttl; for a
+    renewal, its granted expiry minus the server's clock at that moment). The keeper
+    renews with ``renew_ttl`` (the lease's own ttl; for ``keep_fresh``, the one it was
+    given, or None for the one in force), so another renewer's shorter ttl can never
+    make the server's expiry earlier than the one believed here.
 
     A ticket belongs to the process that claimed it: in a forked child it reads as
     lost, and the child's lease block does nothing with it. ``abandoned`` is set when
@@ -55,6 +60,7 @@ class Ticket:
         self.ttl = ttl.total_seconds()
         self.on_lost = on_lost
         self.expires = sent_at + self.ttl
+        self.renew_ttl: timedelta | None = ttl
         self.lost: LeaseLost | None = None
         self.renewals = 0
         self.pid = os.getpid()
@@ -69,8 +75,10 @@ class Ticket:
     def interval(self) -> float:
         return self.ttl / 3
 
-    def renewed(self, sent_at: float) -> None:
-        self.expires = max(self.expires, sent_at + self.ttl)
+    def renewed(self, sent_at: float, granted: float | None = None) -> None:
+        """A renewal sent at ``sent_at`` succeeded; ``granted``: the seconds the server
+        gave it from its own now (None: the ttl)."""
+        self.expires = max(self.expires, sent_at + (self.ttl if granted is None else granted))
         self.renewals += 1
 
     def __repr__(self) -> str:
@@ -90,7 +98,7 @@ class Ticket:
             return LeaseLost(self.name, self.lost.reason)
         if self.pid != os.getpid():
             return LeaseLost(self.name, f"it is held by the parent process (pid {self.pid})")
-        if time.monotonic() >= self.expires:
+        if monotonic() >= self.expires:
             return LeaseLost(self.name, "its ttl ran out without a renewal")
         return None
 

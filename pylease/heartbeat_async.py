@@ -33,6 +33,8 @@ import logging
 import random
 import weakref
 from collections.abc import Awaitable, Callable, Hashable, Sequence
+from datetime import datetime
+from typing import Any
 
 from pylease import _claims
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
@@ -64,12 +66,33 @@ if True:  # ASYNC
 
 # How a group renews its tickets: one statement for the whole batch, answering
 # (name, renewed) per ticket, in order.
-AsyncRenewOp = Callable[[AsyncBackend, Sequence[Ticket]], Awaitable[list[tuple[str, bool]]]]
+# An operation may add, after those two, the seconds the server granted from its own
+# clock and that clock (``datetime``), or None for both.
+AsyncRenewOp = Callable[[AsyncBackend, Sequence[Ticket]], Awaitable[list[tuple[Any, ...]]]]
+
+NOT_OURS = "a renewal found it no longer ours (released, expired and taken, or stolen)"
+# How much further the database's clock may advance between two renewals than ours
+# did before the keeper takes it for a step (NTP slews far less than this).
+STEP_TOLERANCE = 0.5
 
 
-async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[str, bool]]:
-    """The renewal of leases: ``lease_renew_many`` with each lease's name and holder."""
-    return await b.renew_many([t.name for t in batch], [t.holder for t in batch])
+async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
+    """The renewal of leases: ``lease_renew_each``, each with its own ttl.
+
+    Each row: (name, renewed, seconds granted by the server from its own clock, that
+    clock), the last two None when not renewed.
+    """
+    rows = await b.renew_each(
+        [t.name for t in batch], [t.holder for t in batch], [t.renew_ttl for t in batch]
+    )
+    out: list[tuple[Any, ...]] = []
+    for r in rows:
+        if r.renewed and r.expires_at is not None and r.server_time is not None:
+            granted = (r.expires_at - r.server_time).total_seconds()
+            out.append((r.name, True, granted, r.server_time))
+        else:
+            out.append((r.name, r.renewed, None, None))
+    return out
 
 
 async def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
@@ -118,9 +141,26 @@ class _Group:
         self.failures = 0
         self.last_error: BaseException | None = None
         self.busy = False
+        # (when the last renewal that read it was sent, on our clock; the database's
+        # clock it read), to notice the database's clock stepping forward.
+        self.clock: tuple[float, datetime] | None = None
 
     def interval(self) -> float:
         return min(t.interval for t in self.tickets)
+
+    def stepped(self, sent_at: float, received_at: float, server_time: datetime) -> float:
+        """How far the database's clock jumped ahead of ours since the last renewal (0: not).
+
+        Between the two readings at most ``received_at - previous sent_at`` passed on
+        our clock; the database's clock advancing more than that (and the tolerance)
+        stepped, and expired our leases early by as much.
+        """
+        previous, self.clock = self.clock, (sent_at, server_time)
+        if previous is None:
+            return 0.0
+        server_delta = (server_time - previous[1]).total_seconds()
+        jump = server_delta - (received_at - previous[0])
+        return jump if jump > STEP_TOLERANCE else 0.0
 
 
 class AsyncKeeper:
@@ -289,7 +329,7 @@ class AsyncKeeper:
                 await ticket.link.close()
 
     async def _tick(self, group: _Group, batch: list[Ticket]) -> None:
-        lost: list[Ticket] = []
+        lost: list[tuple[Ticket, str]] = []
         try:
             lost = await self._renew(group, batch)
         finally:
@@ -301,27 +341,23 @@ class AsyncKeeper:
                 self._inflight.difference_update(batch)
                 self._cond.notify_all()
         # Only now: a callback that ends a lease must not wait for this very tick.
-        for ticket in lost:
-            why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
+        for ticket, why in lost:
             error = notify_lost(ticket, why)
             if error is not None:
                 tell_lost(ticket, error)
 
-    async def _renew(self, group: _Group, batch: list[Ticket]) -> list[Ticket]:
-        """Renew ``batch`` in one statement; the tickets found lost."""
+    async def _renew(self, group: _Group, batch: list[Ticket]) -> list[tuple[Ticket, str]]:
+        """Renew ``batch`` in one statement; the tickets found lost, and why."""
         sent_at = monotonic()
 
-        async def renew(b: AsyncBackend) -> list[tuple[str, bool]]:
+        async def renew(b: AsyncBackend) -> list[tuple[Any, ...]]:
             return await group.renew(b, batch)
 
         try:
-            if True:  # ASYNC
-                # A renewal that hangs past the batch's earliest deadline is abandoned,
-                # so the loss is reported while it can still matter.
-                budget = max(min(t.deadline for t in batch) - sent_at, MIN_RENEW_TIME)
-                rows = await asyncio.wait_for(group.source.run(renew, retry=True), budget)
-            else:
-                rows = group.source.run(renew, retry=True)
+            # Never cancelled (a cancel could report a commit the standby may not have):
+            # a statement that hangs is bounded by its source, which abandons the
+            # connection, and the keeper declares the loss at the deadline meanwhile.
+            rows = await group.source.run(renew, retry=True)
         except Exception as exc:
             group.failures += 1
             group.last_error = exc
@@ -339,18 +375,31 @@ class AsyncKeeper:
             async with self._cond:
                 group.next_at = monotonic() + backoff * random.uniform(0.8, 1.2)
             return []
+        received_at = monotonic()
         group.failures = 0
         group.last_error = None
-        lost: list[Ticket] = []
+        lost: list[tuple[Ticket, str]] = []
+        server_time = next((row[3] for row in rows if len(row) > 3 and row[3] is not None), None)
+        jump = 0.0 if server_time is None else group.stepped(sent_at, received_at, server_time)
+        why = NOT_OURS
+        if jump:
+            # Outside the clock assumption: the database expired our leases early, and
+            # may have granted them already. Told at once, since it cannot be prevented.
+            why = (
+                f"the database's clock jumped {jump:.1f}s ahead of ours since the last"
+                " renewal, so its expiry came early and it may have been granted to another"
+            )
         async with self._cond:
-            for ticket, (_name, renewed) in zip(batch, rows, strict=True):
+            for ticket, row in zip(batch, rows, strict=True):
+                renewed = bool(row[1])
+                granted = row[2] if len(row) > 2 else None
                 if ticket not in group.tickets:
                     continue  # stopped meanwhile: its answer no longer matters
-                if renewed:
-                    ticket.renewed(sent_at)
+                if renewed and not jump:
+                    ticket.renewed(sent_at, granted)
                 else:
                     group.tickets.remove(ticket)
-                    lost.append(ticket)
+                    lost.append((ticket, why))
             if group.tickets:
                 group.next_at = sent_at + group.interval()
         return lost

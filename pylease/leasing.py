@@ -354,6 +354,9 @@ class KeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        # Renews with the ttl it was given, or the one in force (None): never the
+        # owner's ttl taken from the row, which the owner may change.
+        ticket.renew_ttl = ttl
         self._ticket = ticket
         keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)

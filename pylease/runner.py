@@ -55,8 +55,10 @@ def time_left(held: Any) -> Callable[[], float]:
 
     The local expiry moves on with every renewal; it is read afresh on every call.
     """
+    from pylease._acompat import monotonic  # the keeper's clock, which expiries are on
+
     ticket = held._ticket
-    return lambda: float(ticket.expires) - time.monotonic()
+    return lambda: float(ticket.expires) - monotonic()
 
 
 def exit_code(returncode: int) -> int:
