@@ -23,15 +23,17 @@ is idle.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sqlite3
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from pylease import dsn as dsn_mod
+from pylease._abandon import Abandon, start_timer
 from pylease._acompat import Lock, Mutex, to_thread
 from pylease._backend import Backend
 from pylease._conninfo import CHANNEL as CHANNEL
@@ -55,6 +57,24 @@ T = TypeVar("T")
 Op = Callable[[Backend], T]
 
 logger = logging.getLogger("pylease")
+
+
+# How long one statement on a connection of pylease's own may run before the
+# connection is abandoned (see pylease._abandon): with the connect timeout, what
+# bounds the release after a renewal hung, so a block ends within 10 s of its body.
+STATEMENT_BOUND = 3.0
+
+
+@contextlib.contextmanager
+def bounded(conn: psycopg.Connection[Any], seconds: float = STATEMENT_BOUND) -> Iterator[None]:
+    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``."""
+    abandon = Abandon(conn)
+    cancel = start_timer(seconds, abandon.fire)
+    try:
+        yield
+    finally:
+        abandon.disarm()
+        cancel()
 
 
 def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
@@ -138,7 +158,8 @@ class ConninfoSource:
                 self._conn = connect_own(self._conninfo, name)
             assert self._conn is not None
             try:
-                return op(PostgresBackend(self._conn))
+                with bounded(self._conn):
+                    return op(PostgresBackend(self._conn))
             except DatabaseUnavailable:
                 self._discard()
                 if fresh or not retry:
@@ -146,7 +167,8 @@ class ConninfoSource:
             # The connection broke while it sat idle (server restart, terminated
             # backend): one fresh attempt before reporting it.
             self._conn = connect_own(self._conninfo, name)
-            return op(PostgresBackend(self._conn))
+            with bounded(self._conn):
+                return op(PostgresBackend(self._conn))
 
     def _discard(self) -> None:
         conn, self._conn = self._conn, None

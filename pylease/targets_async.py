@@ -23,16 +23,18 @@ is idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import sqlite3
 import weakref
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from pylease import dsn as dsn_mod
+from pylease._abandon import Abandon, start_timer
 from pylease._acompat import ALock, AMutex, ato_thread
 from pylease._backend_async import AsyncBackend
 from pylease._conninfo import CHANNEL as CHANNEL
@@ -56,6 +58,32 @@ T = TypeVar("T")
 AsyncOp = Callable[[AsyncBackend], Awaitable[T]]
 
 logger = logging.getLogger("pylease")
+
+
+# How long one statement on a connection of pylease's own may run before the
+# connection is abandoned (see pylease._abandon): with the connect timeout, what
+# bounds the release after a renewal hung, so a block ends within 10 s of its body.
+STATEMENT_BOUND = 3.0
+
+
+@contextlib.contextmanager
+def bounded(conn: psycopg.AsyncConnection[Any], seconds: float = STATEMENT_BOUND) -> Iterator[None]:
+    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``."""
+    abandon = Abandon(conn)
+    if True:  # ASYNC
+        handle = asyncio.get_running_loop().call_later(seconds, abandon.fire)
+        try:
+            yield
+        finally:
+            abandon.disarm()
+            handle.cancel()
+    else:
+        cancel = start_timer(seconds, abandon.fire)
+        try:
+            yield
+        finally:
+            abandon.disarm()
+            cancel()
 
 
 async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnection[Any]:
@@ -141,7 +169,8 @@ class AsyncConninfoSource:
                 self._conn = await connect_own(self._conninfo, name)
             assert self._conn is not None
             try:
-                return await op(AsyncPostgresBackend(self._conn))
+                with bounded(self._conn):
+                    return await op(AsyncPostgresBackend(self._conn))
             except DatabaseUnavailable:
                 await self._discard()
                 if fresh or not retry:
@@ -153,7 +182,8 @@ class AsyncConninfoSource:
             # The connection broke while it sat idle (server restart, terminated
             # backend): one fresh attempt before reporting it.
             self._conn = await connect_own(self._conninfo, name)
-            return await op(AsyncPostgresBackend(self._conn))
+            with bounded(self._conn):
+                return await op(AsyncPostgresBackend(self._conn))
 
     async def _discard(self) -> None:
         conn, self._conn = self._conn, None
