@@ -75,10 +75,11 @@ def leave(cm: Any) -> BaseException | None:
 # 1. A shortened ttl ---------------------------------------------------------------
 
 
-@pending(1, "the keeper renews with its own ttl via renew_each (heartbeat_async.py, gen/sql)")
 @pytest.mark.parametrize("via", ["keep_fresh", "lease_renew"])
 def test_1_an_owner_sees_a_ttl_shortened_by_another_renewer(db: Db, w: Witness, via: str) -> None:
-    cm = lease(db.url, "kf", ttl=6)
+    # The owner renews every 1.5 s; past its claim's 4.5 s, a renewal with the row's
+    # 1 s ttl would leave the server's expiry 0.5 s short of each next renewal.
+    cm = lease(db.url, "kf", ttl=4.5)
     held = cm.__enter__()
     try:
         w.sample(held)
@@ -89,7 +90,7 @@ def test_1_an_owner_sees_a_ttl_shortened_by_another_renewer(db: Db, w: Witness, 
         else:
             assert db.backend().renew("kf", held.holder, timedelta(seconds=1))
         with Contender(w, db.backend(), "kf") as contender:
-            keep_sampling(w, held, contender.granted.is_set, bound=3.0)
+            keep_sampling(w, held, contender.granted.is_set, bound=7.0)
     finally:
         leave(cm)
     w.assert_sound()
@@ -248,7 +249,6 @@ def test_4_no_renewal_runs_on_a_heartbeat_connection_that_is_not_idle(pg: Db) ->
 # 5. A database that stops answering while TCP stays up -----------------------------
 
 
-@pending(5, "bounded statements that abandon the connection; release not held up (gen)")
 def test_5_leaving_the_block_is_bounded_when_the_database_stops_answering(
     pg: Db, w: Witness, own_keeper: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -305,7 +305,6 @@ def test_6_a_slow_on_lost_does_not_stall_other_leases(pg: Db, w: Witness, own_ke
 # 7. A fenced transaction ------------------------------------------------------------
 
 
-@pending(7, "a row lock on one lease must not block the renewal of others (sql 0002 + gen)")
 def test_7_a_fenced_transaction_does_not_make_other_leases_lose(pg: Db, w: Witness) -> None:
     owner = psycopg.connect(pg.dsn or "", autocommit=True)
     fencer = psycopg.connect(pg.dsn or "")
@@ -340,8 +339,11 @@ def test_8_an_abandoned_lease_stops_being_renewed(db: Db, w: Witness, own_keeper
 
 # 9. Clock steps --------------------------------------------------------------------
 
+# select() rather than time.sleep(): under libfaketime 0.9.10, the clock_nanosleep with
+# an absolute CLOCK_MONOTONIC deadline that time.sleep() uses fails with EINVAL once
+# the wall clock was stepped.
 HOLD_AND_REPORT = """
-import sys, time
+import select, sys
 from pylease import lease
 from tests.witness import Witness
 url, name, ttl, path = sys.argv[1:5]
@@ -349,9 +351,9 @@ w = Witness(path)
 with lease(url, name, ttl=float(ttl)) as held:
     w.note("held", name, held.holder)
     while w.sample(held):
-        time.sleep(0.02)
+        select.select([], [], [], 0.02)
     w.note("detected", name, held.holder, reason=str(held._ticket.error()))
-    time.sleep(3600)
+    select.select([], [], [], 3600)
 """
 
 
@@ -363,7 +365,6 @@ def noted(w: Witness, what: str) -> bool:
     return any(e.kind == "note" and e.fields.get("what") == what for e in w.events())
 
 
-@pending(9, "clock-step detection at the next renewal (heartbeat_async.py via renew_each)")
 def test_9_sqlite_a_holder_whose_clock_steps_forward_learns_it_lost(
     tmp_path: Path, w: Witness
 ) -> None:
@@ -431,7 +432,6 @@ def server_ahead(dsn: str) -> float:
     return float(row[0]) - time.time()
 
 
-@pending(9, "clock-step detection at the next renewal (heartbeat_async.py via renew_each)")
 def test_9_postgres_a_server_clock_step_is_reported_at_the_next_renewal(
     tmp_path: Path, w: Witness
 ) -> None:
@@ -516,7 +516,6 @@ def exhaust(db: Db, name: str) -> None:
         )
 
 
-@pending(11, "FenceExhausted in Python (errors.py, failover/sql) and 54000 in SQL (sql)")
 def test_11_a_claim_at_the_last_fence_raises_fence_exhausted(db: Db) -> None:
     exhaust(db, "fx")
     fence_exhausted = getattr(errors, "FenceExhausted", None)
@@ -528,7 +527,6 @@ def test_11_a_claim_at_the_last_fence_raises_fence_exhausted(db: Db) -> None:
     assert [(r.holder, r.fence) for r in rows] == [("old", MAX_FENCE)]
 
 
-@pending(11, "lease_claim raises SQLSTATE 54000 naming the lease (migration 0002, sql)")
 def test_11_sql_lease_claim_at_the_last_fence_raises_54000(pg: Db) -> None:
     exhaust(pg, "fx")
     with psycopg.connect(pg.dsn or "", autocommit=True) as conn:
