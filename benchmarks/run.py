@@ -39,6 +39,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "handover": bench_handover,
     "contention": bench_contention,
     "peers": bench_peers,
+    "leader": __import__("benchmarks.leader", fromlist=["_"]).bench_leader,
 }
 
 

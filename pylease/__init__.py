@@ -12,8 +12,12 @@ from pylease.errors import (
     ReadOnlyServer,
     SchemaMissing,
 )
+from pylease.exclusive import exclusive
+from pylease.leader import current_leader, leader, run_as_leader, watch_leader
+from pylease.leader_async import acurrent_leader, aleader, arun_as_leader, awatch_leader
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
 from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
+from pylease.schema import schema_sql
 
 __version__ = "0.1.0"
 
@@ -31,10 +35,20 @@ __all__ = [
     "ReadOnlyServer",
     "SchemaMissing",
     "__version__",
+    "acurrent_leader",
     "akeep_fresh",
+    "aleader",
     "alease",
+    "arun_as_leader",
     "arun_exclusive",
+    "awatch_leader",
+    "current_leader",
+    "exclusive",
     "keep_fresh",
+    "leader",
     "lease",
+    "run_as_leader",
     "run_exclusive",
+    "schema_sql",
+    "watch_leader",
 ]

@@ -5,7 +5,7 @@ Every statement runs on the connection it is given as a statement of its own,
 with tuple rows whatever the connection's row factory;
 the caller decides which connection that is (see ``pylease.alease``). Driver
 errors are mapped in one place, :func:`wrap_errors`. :mod:`pylease.postgres`
-exports both backends, ``PostgresBackend`` and ``AsyncPostgresBackend``.
+exports both backends, the sync one and the async one.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pylease import _arguments as _args
 from pylease._pg_errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease._pg_errors import wrap_errors as wrap_errors
 from pylease._rows import CounterRow, LeaseEvent, LeaseRow, Renewal
+from pylease._syncrep import confirmed
 
 # sync: from pylease._postgres_async import AsyncPostgresBackend as AsyncPostgresBackend
 
@@ -66,20 +67,32 @@ class AsyncPostgresBackend:
         assert row is not None
         return row[0]
 
+    async def _all(
+        self, query: LiteralString, params: Sequence[Any], name: str | None
+    ) -> list[tuple[Any, ...]]:
+        with wrap_errors(name):
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall()
+
+    async def _write(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
+        """:meth:`_one` for a grant or renewal, which must not count unless durable."""
+        with confirmed(self.conn, name):
+            return await self._one(query, params, name)
+
     async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        result: int | None = await self._one(CLAIM, _args.claim(name, ttl, holder), name)
+        result: int | None = await self._write(CLAIM, _args.claim(name, ttl, holder), name)
         return result
 
     async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        return bool(await self._one(RENEW, _args.renew(name, holder, ttl), name))
+        return bool(await self._write(RENEW, _args.renew(name, holder, ttl), name))
 
     async def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        with wrap_errors():
-            async with self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
-                return [(n, bool(r)) for n, r in await cur.fetchall()]
+        with confirmed(self.conn, None):
+            rows = await self._all(RENEW_MANY, _args.renew_many(names, holders, ttl), None)
+        return [(n, bool(r)) for n, r in rows]
 
     async def renew_each(
         self,
@@ -91,10 +104,9 @@ class AsyncPostgresBackend:
 
         :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
         """
-        with wrap_errors():
-            async with self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(RENEW_EACH, _args.renew_each(names, holders, ttls))
-                return [Renewal(n, bool(r), e, t) for n, r, e, t in await cur.fetchall()]
+        with confirmed(self.conn, None):
+            rows = await self._all(RENEW_EACH, _args.renew_each(names, holders, ttls), None)
+        return [Renewal(*r) for r in rows]
 
     async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return bool(await self._one(RELEASE, _args.release(name, holder, min_hold), name))
@@ -102,7 +114,7 @@ class AsyncPostgresBackend:
     async def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
     ) -> int | None:
-        result: int | None = await self._one(
+        result: int | None = await self._write(
             STEAL, _args.steal(name, ttl, holder, older_than), name
         )
         return result

@@ -127,5 +127,10 @@ def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:
     """Mark ``ticket`` lost and log it; the error if this was news."""
     error = ticket.mark_lost(reason)
     if error is not None:
-        logger.warning("lease %r lost: %s", ticket.name, reason)
+        logger.warning(
+            "lease %r lost: %s",
+            ticket.name,
+            reason,
+            extra={"pylease_event": "lost", "pylease_name": ticket.name, "pylease_reason": reason},
+        )
     return error

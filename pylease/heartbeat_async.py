@@ -194,7 +194,11 @@ class AsyncKeeper:
             group.source = source
             group.tickets.append(ticket)
             group.next_at = min(group.next_at, monotonic() + ticket.interval)
-            if self._task is None:
+            idle = self._task is None
+            if True:  # ASYNC
+                # A task cancelled from outside (its loop shutting down) is gone too.
+                idle = self._task is None or self._task.done()
+            if idle:
                 self._task = aspawn(self._run, name="pylease-heartbeat")
             elif self._sleeping_until and group.next_at < self._sleeping_until:
                 # Wake the keeper only when it would sleep past this lease's first tick:
@@ -371,11 +375,30 @@ class AsyncKeeper:
                 group.failures,
                 backoff,
                 exc if str(exc) else type(exc).__name__,
+                extra={
+                    "pylease_event": "renew_failed",
+                    "pylease_names": [t.name for t in batch],
+                    "pylease_attempt": group.failures,
+                    "pylease_expires_in": min(t.expires for t in batch) - monotonic(),
+                    "pylease_error": exc if str(exc) else type(exc).__name__,
+                },
             )
             async with self._cond:
                 group.next_at = monotonic() + backoff * random.uniform(0.8, 1.2)
             return []
         received_at = monotonic()
+        if group.failures:
+            logger.info(
+                "renewing %d lease(s) through %s works again after %d failed attempt(s)",
+                len(batch),
+                group.source.label,
+                group.failures,
+                extra={
+                    "pylease_event": "renew_recovered",
+                    "pylease_names": [t.name for t in batch],
+                    "pylease_attempt": group.failures,
+                },
+            )
         group.failures = 0
         group.last_error = None
         lost: list[tuple[Ticket, str]] = []

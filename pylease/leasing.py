@@ -53,12 +53,21 @@ T = TypeVar("T")
 LostCallback = Callable[[LeaseLost], object]
 
 
-def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tuple[int, float]:
+def acquire(
+    link_: Link,
+    opts: Options,
+    holder: str,
+    *,
+    want_holder: bool,
+    on_busy: Callable[[Any], None] | None = None,
+) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
     With ``wait``, a busy first attempt starts a LISTEN, then tries again at once (a
     release between the two attempts is not missed), then retries on every
     notification naming this lease, on the poll interval, and at the holder's expiry.
+    ``on_busy(row)`` is called after every busy attempt with the ``status()`` row that
+    stood in the way (None if it vanished), the last one before LeaseBusy included.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -73,7 +82,12 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
     if fence is not None:
         return fence, sent_at
     if opts.wait <= 0:
-        current = current_holder(link_.run(status, name=name))[0] if want_holder else None
+        current = None
+        if want_holder or on_busy is not None:
+            rows = link_.run(status, name=name)
+            current = current_holder(rows)[0]
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
         raise LeaseBusy(name, holder=current, waited=0.0)
 
     deadline = start + opts.wait
@@ -85,7 +99,10 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
             fence = link_.run(claim, name=name, retry=True)
             if fence is not None:
                 return fence, sent_at
-            current, expires_at = current_holder(link_.run(status, name=name))
+            rows = link_.run(status, name=name)
+            current, expires_at = current_holder(rows)
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
             now = monotonic()
             if now >= deadline:
                 raise LeaseBusy(name, holder=current, waited=now - start)
@@ -145,6 +162,7 @@ class Lease:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
+        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
 
     def __enter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
@@ -160,7 +178,9 @@ class Lease:
             _claims.leave(opts.name, holder)
             raise
         try:
-            fence, sent_at = acquire(link_, opts, holder, want_holder=self.want_holder)
+            fence, sent_at = acquire(
+                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+            )
         except BaseException:
             self._link = None
             _claims.leave(opts.name, holder)

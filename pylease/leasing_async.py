@@ -56,13 +56,20 @@ AsyncLostCallback = Callable[[LeaseLost], object]
 
 
 async def acquire(
-    link_: AsyncLink, opts: Options, holder: str, *, want_holder: bool
+    link_: AsyncLink,
+    opts: Options,
+    holder: str,
+    *,
+    want_holder: bool,
+    on_busy: Callable[[Any], None] | None = None,
 ) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
     With ``wait``, a busy first attempt starts a LISTEN, then tries again at once (a
     release between the two attempts is not missed), then retries on every
     notification naming this lease, on the poll interval, and at the holder's expiry.
+    ``on_busy(row)`` is called after every busy attempt with the ``status()`` row that
+    stood in the way (None if it vanished), the last one before LeaseBusy included.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -77,7 +84,12 @@ async def acquire(
     if fence is not None:
         return fence, sent_at
     if opts.wait <= 0:
-        current = current_holder(await link_.run(status, name=name))[0] if want_holder else None
+        current = None
+        if want_holder or on_busy is not None:
+            rows = await link_.run(status, name=name)
+            current = current_holder(rows)[0]
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
         raise LeaseBusy(name, holder=current, waited=0.0)
 
     deadline = start + opts.wait
@@ -89,7 +101,10 @@ async def acquire(
             fence = await link_.run(claim, name=name, retry=True)
             if fence is not None:
                 return fence, sent_at
-            current, expires_at = current_holder(await link_.run(status, name=name))
+            rows = await link_.run(status, name=name)
+            current, expires_at = current_holder(rows)
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
             now = monotonic()
             if now >= deadline:
                 raise LeaseBusy(name, holder=current, waited=now - start)
@@ -149,6 +164,7 @@ class AsyncLease:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
+        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
         if True:  # ASYNC
             self._cancelling = 0
 
@@ -166,7 +182,9 @@ class AsyncLease:
             _claims.leave(opts.name, holder)
             raise
         try:
-            fence, sent_at = await acquire(link_, opts, holder, want_holder=self.want_holder)
+            fence, sent_at = await acquire(
+                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+            )
         except BaseException:
             self._link = None
             _claims.leave(opts.name, holder)

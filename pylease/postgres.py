@@ -6,7 +6,7 @@ Every statement runs on the connection it is given as a statement of its own,
 with tuple rows whatever the connection's row factory;
 the caller decides which connection that is (see ``pylease.lease``). Driver
 errors are mapped in one place, :func:`wrap_errors`. :mod:`pylease.postgres`
-exports both backends, ``PostgresBackend`` and ``PostgresBackend``.
+exports both backends, the sync one and the one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pylease._pg_errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease._pg_errors import wrap_errors as wrap_errors
 from pylease._postgres_async import AsyncPostgresBackend as AsyncPostgresBackend
 from pylease._rows import CounterRow, LeaseEvent, LeaseRow, Renewal
+from pylease._syncrep import confirmed
 
 # One statement per operation, each a call of its lease_* SQL function.
 CLAIM: LiteralString = "SELECT lease_claim(%s, %s, %s)"
@@ -64,19 +65,31 @@ class PostgresBackend:
         assert row is not None
         return row[0]
 
+    def _all(
+        self, query: LiteralString, params: Sequence[Any], name: str | None
+    ) -> list[tuple[Any, ...]]:
+        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
+
+    def _write(self, query: LiteralString, params: Sequence[Any], name: str | None) -> Any:
+        """:meth:`_one` for a grant or renewal, which must not count unless durable."""
+        with confirmed(self.conn, name):
+            return self._one(query, params, name)
+
     def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        result: int | None = self._one(CLAIM, _args.claim(name, ttl, holder), name)
+        result: int | None = self._write(CLAIM, _args.claim(name, ttl, holder), name)
         return result
 
     def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        return bool(self._one(RENEW, _args.renew(name, holder, ttl), name))
+        return bool(self._write(RENEW, _args.renew(name, holder, ttl), name))
 
     def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
-        with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(RENEW_MANY, _args.renew_many(names, holders, ttl))
-            return [(n, bool(r)) for n, r in cur.fetchall()]
+        with confirmed(self.conn, None):
+            rows = self._all(RENEW_MANY, _args.renew_many(names, holders, ttl), None)
+        return [(n, bool(r)) for n, r in rows]
 
     def renew_each(
         self,
@@ -88,9 +101,9 @@ class PostgresBackend:
 
         :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
         """
-        with wrap_errors(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(RENEW_EACH, _args.renew_each(names, holders, ttls))
-            return [Renewal(n, bool(r), e, t) for n, r, e, t in cur.fetchall()]
+        with confirmed(self.conn, None):
+            rows = self._all(RENEW_EACH, _args.renew_each(names, holders, ttls), None)
+        return [Renewal(*r) for r in rows]
 
     def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
         return bool(self._one(RELEASE, _args.release(name, holder, min_hold), name))
@@ -98,7 +111,7 @@ class PostgresBackend:
     def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
     ) -> int | None:
-        result: int | None = self._one(STEAL, _args.steal(name, ttl, holder, older_than), name)
+        result: int | None = self._write(STEAL, _args.steal(name, ttl, holder, older_than), name)
         return result
 
     def holds(self, name: str, holder: str, fence: int) -> bool:

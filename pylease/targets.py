@@ -45,6 +45,7 @@ from pylease._conninfo import conninfo_of
 from pylease._conninfo import is_postgres_url as is_postgres_url
 from pylease._conninfo import own_conninfo as own_conninfo
 from pylease._conninfo import pool_conninfo as pool_conninfo
+from pylease._orm import adapt
 from pylease._target_types import bad_target as bad_target
 from pylease._target_types import is_idle as is_idle
 from pylease._target_types import pool_class
@@ -392,6 +393,7 @@ class Link:
 
 def source_for(target: object, parameter: str = "target") -> tuple[Source, str | None]:
     """The renewal source of a target, and the conninfo to LISTEN with (None: cannot)."""
+    target = adapt(target, parameter)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     pool_cls = pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
@@ -411,6 +413,7 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
 
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
+    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is target:
             raise InvalidArgument(
@@ -441,6 +444,7 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     same parameters (password included, see :func:`connection_conninfo`), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
+    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is None:

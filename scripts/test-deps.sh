@@ -41,6 +41,8 @@ need libfaketime have_file /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketim
 # Examples of the docs that tests/test_docs.py runs: the sqlite3 shell, pgrep.
 need sqlite3 have sqlite3
 need procps have pgrep
+# tests/test_celery.py uses the Redis on 127.0.0.1:6379 as broker, started there if absent.
+need redis-server have redis-server
 
 if [ ${#missing[@]} -gt 0 ]; then
     command="apt-get install -y ${missing[*]}"

@@ -1,0 +1,1 @@
+"""Integrations with frameworks, each importable only when its extra is installed."""

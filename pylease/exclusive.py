@@ -1,0 +1,231 @@
+"""``@exclusive``: run a function (or a coroutine function) under a lease.
+
+The decorator for work that frameworks schedule (a Celery task, an APScheduler job, a
+cron entry point): at most one call at a time across every process that reaches the
+same database. It is :func:`pylease.run_exclusive` / :func:`pylease.arun_exclusive`
+around each call, with the lease name formatted from the call's arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import string
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
+
+from pylease import _validate
+from pylease.errors import InvalidArgument
+from pylease.leasing import lease, run_exclusive
+from pylease.leasing_async import alease, arun_exclusive
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Busy = Literal["return", "raise"]
+
+# The options of lease()/alease() a decorator passes on (cancel_on_lost: alease only).
+LEASE_OPTIONS = frozenset(
+    {"holder", "wait", "heartbeat", "on_lost", "min_hold", "heartbeat_target", "poll_interval"}
+)
+ASYNC_OPTIONS = LEASE_OPTIONS | {"cancel_on_lost"}
+
+
+class ExclusiveOrNone(Protocol):
+    """What ``exclusive(...)`` returns: a decorator whose functions return None when busy."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R | None]: ...
+
+
+class ExclusiveOrRaise(Protocol):
+    """What ``exclusive(..., busy="raise")`` returns: its functions raise LeaseBusy."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]: ...
+
+
+@overload
+def exclusive(
+    target: object,
+    name: str,
+    ttl: object,
+    *,
+    busy: Literal["return"] = "return",
+    **lease_options: Any,
+) -> ExclusiveOrNone: ...
+
+
+@overload
+def exclusive(
+    target: object, name: str, ttl: object, *, busy: Literal["raise"], **lease_options: Any
+) -> ExclusiveOrRaise: ...
+
+
+def exclusive(
+    target: object, name: str, ttl: object, *, busy: Busy = "return", **lease_options: Any
+) -> ExclusiveOrNone | ExclusiveOrRaise:
+    """Run each call of the decorated function under the lease ``name``.
+
+    ::
+
+        @exclusive(DSN, "report-{day}", ttl="10m")
+        def report(day: date) -> int: ...
+
+        report(date(2026, 12, 1))   # None if another process is making that report
+
+    :param target: as for :func:`pylease.lease` (or :func:`pylease.alease` for a
+        coroutine function): a connection, pool, URL, SQLAlchemy engine or Django
+        connection. It is used at call time, never at decoration.
+    :param name: the lease name, or a template formatted with the call's arguments
+        by name, defaults included (``"tenant-{tenant.id}"``); ``{{`` is a literal brace.
+    :param ttl: how long the lease outlives its last renewal, as for :func:`pylease.lease`.
+    :param busy: ``"return"`` (default): a busy lease returns None without calling the
+        function; ``"raise"``: it raises :class:`LeaseBusy`.
+    :param lease_options: ``holder``, ``wait``, ``heartbeat``, ``on_lost``, ``min_hold``,
+        ``heartbeat_target``, ``poll_interval``, and ``cancel_on_lost`` for coroutine
+        functions, as for :func:`pylease.lease` and :func:`pylease.alease`.
+    :raises InvalidArgument: at decoration, a bad ttl, ``busy`` or template, or a field
+        the function has no parameter for; at call time, a field the call cannot fill.
+    :raises TypeError: an unknown lease option.
+    """
+    if busy not in ("return", "raise"):
+        raise InvalidArgument('pylease: busy must be "return" or "raise"', parameter="busy")
+    _validate.ttl(ttl)
+    unknown = set(lease_options) - ASYNC_OPTIONS
+    if unknown:
+        raise TypeError(f"exclusive() got unexpected lease options: {', '.join(sorted(unknown))}")
+    fields = _template_fields(name)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise InvalidArgument("pylease: exclusive() decorates a callable", parameter="fn")
+        lease_name = _namer(fn, name, fields)
+        if inspect.iscoroutinefunction(fn):
+            return _async_wrapper(fn, target, lease_name, ttl, busy, lease_options)
+        if "cancel_on_lost" in lease_options:
+            raise TypeError("exclusive(): cancel_on_lost is for coroutine functions only")
+        return _sync_wrapper(fn, target, lease_name, ttl, busy, lease_options)
+
+    return decorate
+
+
+def _sync_wrapper(
+    fn: Callable[..., Any],
+    target: object,
+    lease_name: Callable[[tuple[Any, ...], dict[str, Any]], str],
+    ttl: Any,
+    busy: Busy,
+    options: dict[str, Any],
+) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        name = lease_name(args, kwargs)
+        if busy == "raise":
+            with lease(target, name, ttl, **options):
+                return fn(*args, **kwargs)
+        return run_exclusive(target, name, ttl, lambda: fn(*args, **kwargs), **options).result
+
+    return wrapper
+
+
+def _async_wrapper(
+    fn: Callable[..., Any],
+    target: object,
+    lease_name: Callable[[tuple[Any, ...], dict[str, Any]], str],
+    ttl: Any,
+    busy: Busy,
+    options: dict[str, Any],
+) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        name = lease_name(args, kwargs)
+        if busy == "raise":
+            async with alease(target, name, ttl, **options):
+                return await fn(*args, **kwargs)
+        outcome = await arun_exclusive(target, name, ttl, lambda: fn(*args, **kwargs), **options)
+        return outcome.result
+
+    return wrapper
+
+
+def _template_fields(template: object) -> list[str]:
+    """The root names of a template's fields (``tenant`` for ``{tenant.id}``)."""
+    if not isinstance(template, str):
+        _validate.key("name", template)  # raises for a non-str
+    assert isinstance(template, str)
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"pylease: name {template!r} is not a valid template: {exc}", parameter="name"
+        ) from None
+    roots = []
+    for _text, field, _spec, _conversion in parsed:
+        if field is None:
+            continue
+        root = field.partition(".")[0].partition("[")[0]
+        if not root or root.isdigit():
+            raise InvalidArgument(
+                f"pylease: name {template!r} has a positional field; name the parameter, "
+                'as in "report-{day}"',
+                parameter="name",
+            )
+        roots.append(root)
+    return roots
+
+
+def _namer(
+    fn: Callable[..., Any], template: str, fields: list[str]
+) -> Callable[[tuple[Any, ...], dict[str, Any]], str]:
+    """How a call's arguments become its lease name."""
+    if not fields:
+        constant = _validate.key("name", template.replace("{{", "{").replace("}}", "}"))
+        return lambda _args, _kwargs: constant
+    signature = inspect.signature(fn)
+    params = signature.parameters
+    var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [f for f in fields if f not in params and not var_keyword]
+    if missing:
+        raise InvalidArgument(
+            f"pylease: name {template!r} uses {', '.join(missing)}, which "
+            f"{fn.__qualname__}() has no parameter for",
+            parameter="name",
+        )
+
+    def lease_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values: dict[str, Any] = {}
+        for param_name, value in bound.arguments.items():
+            if params[param_name].kind is inspect.Parameter.VAR_KEYWORD:
+                values.update(value)
+            else:
+                values[param_name] = value
+        return _validate.key("name", _format(template, values))
+
+    return lease_name
+
+
+def _format(template: str, values: Mapping[str, Any]) -> str:
+    try:
+        return template.format_map(values)
+    except KeyError as exc:
+        raise InvalidArgument(
+            f"pylease: name {template!r}: this call gives no {exc.args[0]}", parameter="name"
+        ) from None
+    except (AttributeError, IndexError, TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"pylease: name {template!r} cannot be formatted for this call: {exc}",
+            parameter="name",
+        ) from None

@@ -1,0 +1,675 @@
+"""Leader election on a lease row: :func:`aleader`, :func:`arun_as_leader`, who leads now.
+
+A leader is the holder of one lease; its term is the :class:`~pylease.Held` of that
+lease, the term number its fence. Nothing here is a second lease machine: a term is an
+:func:`~pylease.alease` (claimed, kept fresh by the process's keeper, released), and a
+standby is a waiter that LISTENs for the release and reads the row at its expiry.
+
+How a change of leader is seen (``awatch_leader``, ``on_new_leader``): a release
+sends ``NOTIFY pylease`` (the SQL API does that already), so a resignation wakes
+every watcher at once; a new grant sends nothing, so that a claim stays one cheap
+statement. A watcher therefore reads the row (one ``lease_status`` call) when
+notified, at the leader's expiry, every ``poll_interval`` (a steal), and, after it saw
+nobody lead, again and again at 10 ms, 20 ms, 40 ms, ... (a standby usually takes over
+within milliseconds of a release). ``docs/leader-election.md`` has the numbers.
+
+The sync module is generated from this one by ``tools/async_to_sync.py``; deliberate
+differences live in ``if True:  # ASYNC`` blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import math
+import signal
+import threading
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from datetime import timedelta
+from types import FrameType, TracebackType
+from typing import Any
+
+from pylease import _validate, durations
+from pylease._acompat import AEvent, monotonic
+from pylease._backend import LeaseRow
+from pylease._lease_core import Held, callable_option, default_holder, next_pause
+from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
+from pylease.leasing_async import AsyncLease, alease
+from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
+from pylease.targets_async import check as check_target
+
+# Seconds between reads of the row when nothing wakes a watcher first (a steal, or a
+# grant after a long vacancy, is seen this late at worst).
+POLL = 1.0
+# SQLite has no NOTIFY: a standby there reads the row this often.
+SQLITE_POLL = 0.05
+# After a vacancy, a grant usually follows within milliseconds: look again soon.
+FIRST_RECHECK = 0.01
+# A thread's stop event is looked at this often while waiting (sync only).
+STOP_SLICE = 0.2
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+Callback = Callable[[Any], object]
+
+
+def leading(rows: list[LeaseRow]) -> LeaseRow | None:
+    """The row of a lease whose state is ``held``, from ``status()`` rows; else None."""
+    for row in rows:
+        state = getattr(row, "state", None)
+        if row.held if state is None else state == "held":
+            return row
+    return None
+
+
+def same_leader(a: LeaseRow | None, b: LeaseRow | None) -> bool:
+    """True when both name one term (holder and fence); a renewal changes neither."""
+    if a is None or b is None:
+        return a is b
+    return (a.holder, a.fence) == (b.holder, b.fence)
+
+
+def wait_seconds(wait: object) -> float:
+    """``wait`` as seconds; None, ``math.inf`` and ``"forever"`` wait without a deadline.
+
+    A string is a duration as the CLI spells it (``"30s"``, ``"5m"``).
+    """
+    if wait is None or wait == timedelta.max:
+        return math.inf
+    if isinstance(wait, float) and math.isinf(wait) and wait > 0:
+        return math.inf
+    if isinstance(wait, str):
+        if wait.strip().lower() == "forever":
+            return math.inf
+        try:
+            wait = durations.parse(wait)
+        except ValueError as exc:
+            raise InvalidArgument(f"pylease: wait: {exc}", parameter="wait") from None
+    return _validate.span("wait", wait).total_seconds()
+
+
+def poll_seconds(poll_interval: object) -> float | None:
+    if poll_interval is None:
+        return None
+    return _validate.ttl(poll_interval, "poll_interval").total_seconds()
+
+
+async def call(callback: Callback | None, argument: object) -> None:
+    """Call a callback that may be a plain function or a coroutine function."""
+    if callback is None:
+        return
+    if True:  # ASYNC
+        result = callback(argument)
+        if inspect.isawaitable(result):
+            await result
+    else:
+        callback(argument)
+
+
+class AsyncStop:
+    """What ends a campaign: the caller's ``stop`` event, or a signal (main thread only)."""
+
+    def __init__(self, event: AEvent | None) -> None:
+        self.event = event
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        if True:  # ASYNC
+            self._own = AEvent()
+            self._loop: asyncio.AbstractEventLoop | None = None
+        else:
+            self.interruptible = False
+
+    def is_set(self) -> bool:
+        if self.signum is not None:
+            return True
+        return self.event is not None and self.event.is_set()
+
+    def install(self) -> None:
+        """In the main thread, SIGTERM and SIGINT end the campaign instead of the process."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if True:  # ASYNC
+            self._loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        """Put the previous handlers back; then let the signal that stopped us act on them."""
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            # None: a handler set outside Python, which cannot be put back from here.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if self.signum is not None and previous:
+            # Resigned: now the process does what it would have done (exit, by default).
+            signal.raise_signal(self.signum)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        first = self.signum is None
+        self.signum = signum
+        if True:  # ASYNC
+            if first and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._own.set)
+        else:
+            if first and self.interruptible:
+                raise Shutdown(signum)
+
+    async def wait(self, timeout: float, listener: AsyncListener | None, name: str) -> None:
+        """Sleep up to ``timeout``: woken early by a release of ``name`` or by the stop."""
+        if True:  # ASYNC
+            waits: list[Awaitable[Any]] = [self._own.wait()]
+            if self.event is not None:
+                waits.append(self.event.wait())
+            if listener is not None:
+                waits.append(listener.wait(name, timeout))
+            tasks = [asyncio.ensure_future(w) for w in waits]
+            bound = None if math.isinf(timeout) else timeout
+            try:
+                await asyncio.wait(tasks, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, ListenerLost):
+                    raise result
+        else:
+            end = monotonic() + timeout
+            self.interruptible = True
+            try:
+                while not self.is_set():
+                    left = end - monotonic()
+                    if left <= 0:
+                        return
+                    step = left if self.event is None else min(left, STOP_SLICE)
+                    if listener is None:
+                        time.sleep(step)
+                    elif listener.wait(name, step):
+                        return
+            finally:
+                self.interruptible = False
+
+
+class Shutdown(BaseException):
+    """SIGTERM or SIGINT arrived while a sync campaign or work was interruptible."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class AsyncWatch:
+    """Reads the leader's row, and sleeps until it is worth reading again."""
+
+    def __init__(self, target: object, name: str, poll_interval: float | None) -> None:
+        self.name = name
+        self.link: AsyncLink = link(target)
+        self.listener: AsyncListener | None = None
+        self.poll = poll_interval or (SQLITE_POLL if self.link.sqlite else POLL)
+        self._recheck = FIRST_RECHECK
+
+    async def listen(self) -> None:
+        if not self.link.sqlite and self.listener is None:
+            self.listener = await self.link.listen(self.name)
+
+    async def read(self) -> LeaseRow | None:
+        name = self.name
+        rows = await self.link.run(lambda b: b.status(name), name=name, retry=True)
+        return leading(rows)
+
+    async def pause(self, row: LeaseRow | None, stop: AsyncStop, deadline: float) -> None:
+        """Wait for the next reason to read: a notification, the expiry, a poll, the stop."""
+        left = deadline - monotonic()
+        if row is None:
+            pause = min(self._recheck, self.poll, left)
+            self._recheck = min(self._recheck * 2, self.poll)
+        else:
+            self._recheck = FIRST_RECHECK
+            pause = next_pause(row.expires_at, self.poll, left, FIRST_RECHECK)
+        try:
+            await stop.wait(max(pause, 0.0), self.listener, self.name)
+        except ListenerLost:
+            self.listener = None  # polling from now on
+
+    async def close(self) -> None:
+        listener, self.listener = self.listener, None
+        try:
+            if listener is not None:
+                await listener.close()
+        finally:
+            await self.link.close()
+
+
+class AsyncObserver:
+    """Calls ``on_new_leader`` once for every change of leader it is shown."""
+
+    def __init__(self, on_new_leader: Callback | None) -> None:
+        self.on_new_leader = on_new_leader
+        self.last: LeaseRow | None = None
+        self.seen = False
+
+    async def see(self, row: LeaseRow | None) -> None:
+        if self.seen and same_leader(self.last, row):
+            return
+        self.seen, self.last = True, row
+        await call(self.on_new_leader, row)
+
+
+class Campaign:
+    """The validated arguments of one candidate."""
+
+    def __init__(
+        self,
+        target: object,
+        name: str,
+        ttl: object,
+        *,
+        holder: str | None,
+        wait: object,
+        on_lost: Callback | None,
+        heartbeat_target: object,
+        poll_interval: object,
+        cancel_on_lost: bool,
+    ) -> None:
+        self.target = target
+        self.name = _validate.key("name", name)
+        self.ttl = _validate.ttl(ttl)
+        self.holder = None if holder is None else _validate.key("holder", holder)
+        self.wait = wait_seconds(wait)
+        self.poll_interval = poll_seconds(poll_interval)
+        callable_option("on_lost", on_lost)
+        self.on_lost = on_lost
+        self.heartbeat_target = heartbeat_target
+        if not isinstance(cancel_on_lost, bool):
+            raise InvalidArgument(
+                "pylease: cancel_on_lost must be True or False", parameter="cancel_on_lost"
+            )
+        self.cancel_on_lost = cancel_on_lost
+        check_target(target, heartbeat_target)
+
+    def term(self) -> AsyncLease:
+        """One attempt at a term: a lease that does not wait (the campaign waits)."""
+        if True:  # ASYNC
+            cm = alease(
+                self.target,
+                self.name,
+                self.ttl,
+                holder=self.holder or default_holder(),
+                on_lost=self.on_lost,
+                heartbeat_target=self.heartbeat_target,
+                cancel_on_lost=self.cancel_on_lost,
+            )
+        else:
+            cm = alease(
+                self.target,
+                self.name,
+                self.ttl,
+                holder=self.holder or default_holder(),
+                on_lost=self.on_lost,
+                heartbeat_target=self.heartbeat_target,
+            )
+        cm.want_holder = False  # the campaign reads the row itself
+        return cm
+
+    async def attempt(self) -> tuple[AsyncLease, Held] | None:
+        cm = self.term()
+        try:
+            return cm, await cm.__aenter__()
+        except LeaseBusy:
+            return None
+
+    async def run(
+        self,
+        stop: AsyncStop,
+        observer: AsyncObserver | None = None,
+        watch: AsyncWatch | None = None,
+    ) -> tuple[AsyncLease, Held] | None:
+        """Campaign until elected (the term's lease, entered), or None once ``stop`` is set.
+
+        :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
+        """
+        start = monotonic()
+        deadline = start + self.wait
+        if observer is None and not stop.is_set():
+            won = await self.attempt()
+            if won is not None:
+                return won
+        own = watch is None
+        watch_ = AsyncWatch(self.target, self.name, self.poll_interval) if own else watch
+        assert watch_ is not None
+        try:
+            # LISTEN before the claim, so that a release in between is not missed.
+            await watch_.listen()
+            while not stop.is_set():
+                won = await self.attempt()
+                if won is not None:
+                    if observer is not None:
+                        await _announce(won, observer, watch_)
+                    return won
+                row = await watch_.read()
+                if observer is not None:
+                    await observer.see(row)
+                now = monotonic()
+                if now >= deadline:
+                    raise LeaseBusy(
+                        self.name, holder=None if row is None else row.holder, waited=now - start
+                    )
+                await watch_.pause(row, stop, deadline)
+            return None
+        finally:
+            if own:
+                await watch_.close()
+
+
+async def _announce(
+    won: tuple[AsyncLease, Held], observer: AsyncObserver, watch: AsyncWatch
+) -> None:
+    """Show the observer this new term's row; resign it if that fails (a callback raised)."""
+    cm = won[0]
+    try:
+        row = await watch.read()
+        if row is not None:  # None: already lost again, and the term will say so
+            await observer.see(row)
+    except BaseException as exc:
+        await cm.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+
+
+class AsyncLeader:
+    """The context manager :func:`aleader` returns; single use."""
+
+    def __init__(self, campaign: Campaign) -> None:
+        self._campaign = campaign
+        self._cm: AsyncLease | None = None
+        self._used = False
+
+    async def __aenter__(self) -> Held:
+        if self._used:
+            raise RuntimeError("pylease: aleader() gives a context manager to enter once")
+        self._used = True
+        won = await self._campaign.run(AsyncStop(None))
+        assert won is not None  # only a stop ends a campaign without a term
+        self._cm, term = won
+        return term
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        cm, self._cm = self._cm, None
+        assert cm is not None
+        await cm.__aexit__(exc_type, exc, tb)
+
+
+if True:  # ASYNC
+
+    def aleader(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        *,
+        holder: str | None = None,
+        wait: timedelta | float | str | None = None,
+        on_lost: Callback | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+        cancel_on_lost: bool = True,
+    ) -> AsyncLeader:
+        """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
+
+        ::
+
+            async with aleader(target, "scheduler", ttl=15) as term:
+                ...  # term.fence is the term number; term.lost, term.check()
+
+        :param target: as for :func:`pylease.alease`.
+        :param ttl: how long a leader that stopped renewing stays leader.
+        :param holder: this candidate's holder token; default unique per term.
+        :param wait: how long to campaign; default (None, ``math.inf``, ``"forever"``): no
+            deadline.
+        :param on_lost: called with the :class:`LeaseLost` when the term is lost.
+        :param poll_interval: seconds between reads of the row when no notification comes
+            (default 1 s; SQLite 50 ms).
+        :param cancel_on_lost: cancel the block's task when the term is lost (default True).
+        :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
+        :raises LeaseLost: the term was lost while the block ran.
+        """
+        return AsyncLeader(
+            Campaign(
+                target,
+                name,
+                ttl,
+                holder=holder,
+                wait=wait,
+                on_lost=on_lost,
+                heartbeat_target=heartbeat_target,
+                poll_interval=poll_interval,
+                cancel_on_lost=cancel_on_lost,
+            )
+        )
+
+else:
+
+    def aleader(
+        target: object,
+        name: str,
+        ttl: timedelta | float,
+        *,
+        holder: str | None = None,
+        wait: timedelta | float | str | None = None,
+        on_lost: Callback | None = None,
+        heartbeat_target: object = None,
+        poll_interval: float | None = None,
+    ) -> AsyncLeader:
+        """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
+
+        ::
+
+            async with aleader(target, "scheduler", ttl=15) as term:
+                ...  # term.fence is the term number; term.lost, term.check()
+
+        :param target: as for :func:`pylease.alease`.
+        :param ttl: how long a leader that stopped renewing stays leader.
+        :param holder: this candidate's holder token; default unique per term.
+        :param wait: how long to campaign; default (None, ``math.inf``, ``"forever"``): no
+            deadline.
+        :param on_lost: called with the :class:`LeaseLost` when the term is lost.
+        :param poll_interval: seconds between reads of the row when no notification comes
+            (default 1 s; SQLite 50 ms).
+        :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
+        :raises LeaseLost: the block returned, but the term was lost meanwhile (a body that
+            must not outlive its term checks ``term.lost`` or calls ``term.check()``).
+        """
+        return AsyncLeader(
+            Campaign(
+                target,
+                name,
+                ttl,
+                holder=holder,
+                wait=wait,
+                on_lost=on_lost,
+                heartbeat_target=heartbeat_target,
+                poll_interval=poll_interval,
+                cancel_on_lost=True,
+            )
+        )
+
+
+async def arun_as_leader(
+    target: object,
+    name: str,
+    ttl: timedelta | float,
+    work: Callable[[Held], Awaitable[object]],
+    *,
+    on_started_leading: Callback | None = None,
+    on_stopped_leading: Callback | None = None,
+    on_new_leader: Callback | None = None,
+    stop: AEvent | None = None,
+    holder: str | None = None,
+    heartbeat_target: object = None,
+    poll_interval: float | None = None,
+) -> None:
+    """Campaign, lead by running ``work(term)``, and campaign again, until ``stop`` is set.
+
+    A term ends when ``work`` returns (this candidate resigns and campaigns again, so the
+    next term has a larger fence), when it is lost, or when ``stop`` is set or SIGTERM or
+    SIGINT arrives (the term is resigned, then the signal acts as it would have: the
+    handlers, installed in the main thread, are put back first). A coroutine ``work`` is
+    cancelled by a lost term, a stop or a signal; a plain one is interrupted by a signal
+    (raised into it, as Ctrl-C is) and otherwise checks ``term.lost`` and returns.
+
+    The callbacks come in this order:
+    ``on_new_leader(info)`` for every change seen (``info`` is the ``LeaseRow``, or None
+    when nobody leads), then ``on_started_leading(term)`` when the change is this
+    candidate's term, ``on_stopped_leading(term)`` after its resignation or loss.
+
+    :raises Exception: whatever ``work`` raised, after resigning and
+        ``on_stopped_leading``: a crashing leader is never silently re-elected.
+    """
+    if not callable(work):
+        raise InvalidArgument("pylease: work must be callable", parameter="work")
+    for parameter, value in (
+        ("on_started_leading", on_started_leading),
+        ("on_stopped_leading", on_stopped_leading),
+        ("on_new_leader", on_new_leader),
+    ):
+        callable_option(parameter, value)
+    campaign = Campaign(
+        target,
+        name,
+        ttl,
+        holder=holder,
+        wait=None,
+        on_lost=None,
+        heartbeat_target=heartbeat_target,
+        poll_interval=poll_interval,
+        cancel_on_lost=True,
+    )
+    stopping = AsyncStop(stop)
+    observer = AsyncObserver(on_new_leader)
+    stopping.install()
+    try:
+        watch = AsyncWatch(target, campaign.name, campaign.poll_interval)
+        try:
+            while not stopping.is_set():
+                won = await campaign.run(stopping, observer, watch)
+                if won is None:
+                    break
+                cm, term = won
+                await _lead(cm, term, work, on_started_leading, on_stopped_leading, stopping)
+        finally:
+            await watch.close()
+    except Shutdown:
+        pass
+    finally:
+        stopping.restore()
+
+
+async def _lead(
+    cm: AsyncLease,
+    term: Held,
+    work: Callable[[Held], Awaitable[object]],
+    on_started_leading: Callback | None,
+    on_stopped_leading: Callback | None,
+    stopping: AsyncStop,
+) -> None:
+    """One term: run ``work`` under it, resign, and tell; LeaseLost of this term is quiet."""
+    try:
+        try:
+            await call(on_started_leading, term)
+            await _work_until_stopped(work, term, stopping)
+        except BaseException as exc:
+            await cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await cm.__aexit__(None, None, None)
+    except LeaseLost as exc:
+        await call(on_stopped_leading, term)
+        if exc.name != term.name or not term.lost:
+            raise  # some other lease of the work's own: its failure, not our term's
+        return
+    except Shutdown:
+        await call(on_stopped_leading, term)
+        return
+    except BaseException:
+        await call(on_stopped_leading, term)
+        raise
+    await call(on_stopped_leading, term)
+
+
+async def _work_until_stopped(
+    work: Callable[[Held], Awaitable[object]], term: Held, stopping: AsyncStop
+) -> None:
+    """Await ``work(term)`` in a task of its own, cancelled when the stop comes first.
+
+    The term's own loss cancels the task running this (``alease``'s rule), and with it
+    the work's task, since it is awaited here.
+    """
+    if True:  # ASYNC
+        task = asyncio.ensure_future(work(term))
+        stopper = asyncio.ensure_future(stopping.wait(math.inf, None, term.name))
+        try:
+            await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopper
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([task])
+        if task.cancelled():
+            raise Shutdown(stopping.signum or signal.SIGTERM)
+        task.result()
+    else:
+        stopping.interruptible = True
+        try:
+            if stopping.is_set():
+                raise Shutdown(stopping.signum or signal.SIGTERM)
+            work(term)
+        finally:
+            stopping.interruptible = False
+
+
+async def acurrent_leader(target: object, name: str) -> LeaseRow | None:
+    """The current leader's row (holder, fence, acquired_at, expires_at, ...), or None.
+
+    One read of ``lease_status``; None unless the lease's state is ``held``.
+    """
+    name = _validate.key("name", name)
+    check_target(target)
+    link_ = link(target)
+    try:
+        rows = await link_.run(lambda b: b.status(name), name=name, retry=True)
+    finally:
+        await link_.close()
+    return leading(rows)
+
+
+async def awatch_leader(
+    target: object, name: str, *, poll_interval: float | None = None
+) -> AsyncGenerator[LeaseRow | None, None]:
+    """Yield the current leader (or None), then again on every change of leader.
+
+    Woken by the NOTIFY a resignation sends, and otherwise by reading the row at the
+    leader's expiry and every ``poll_interval`` (default 1 s; SQLite 50 ms). Changes
+    between two reads are coalesced: a watcher sees the latest, in order.
+    """
+    name = _validate.key("name", name)
+    poll = poll_seconds(poll_interval)
+    check_target(target)
+    watch = AsyncWatch(target, name, poll)
+    stop = AsyncStop(None)
+    try:
+        await watch.listen()
+        last = await watch.read()
+        yield last
+        while True:
+            await watch.pause(last, stop, math.inf)
+            row = await watch.read()
+            if not same_leader(last, row):
+                last = row
+                yield row
+    finally:
+        await watch.close()
