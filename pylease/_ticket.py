@@ -65,6 +65,8 @@ class Ticket:
         self.renewals = 0
         self.pid = os.getpid()
         self.abandoned = False
+        # The task or thread running its on_lost, once it was told.
+        self.callback: Any = None
         self.link: Any = None
 
     @property

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from datetime import datetime
 from typing import Any
@@ -99,7 +100,20 @@ def tell_lost(ticket: Ticket, error: LeaseLost) -> None:
     """Cancel the body first, then run ``on_lost`` where it cannot delay any renewal."""
     if ticket.on_lost is None:
         return
-    spawn(call_on_lost, ticket, error, name="pylease-on-lost")
+    ticket.callback = spawn(call_on_lost, ticket, error, name="pylease-on-lost")
+
+
+def settle(ticket: Ticket) -> None:
+    """Let the lease's own ``on_lost`` finish before its block ends (bounded).
+
+    The callback runs apart so that it delays no renewal and no cancellation; the
+    block that it is about may still wait for it, so it is told before the block ends.
+    """
+    worker = ticket.callback
+    if worker is None:
+        return
+    if worker is not threading.current_thread():
+        worker.join(STOP_WAIT)
 
 
 class _Group:

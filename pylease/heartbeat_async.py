@@ -49,6 +49,7 @@ if True:  # ASYNC
     pass
 else:
     import os
+    import threading
 
 logger = logging.getLogger("pylease")
 
@@ -126,8 +127,26 @@ def tell_lost(ticket: Ticket, error: LeaseLost) -> None:
         task = aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
         _callbacks.add(task)
         task.add_done_callback(_callbacks.discard)
+        ticket.callback = task
     else:
-        aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
+        ticket.callback = aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
+
+
+async def settle(ticket: Ticket) -> None:
+    """Let the lease's own ``on_lost`` finish before its block ends (bounded).
+
+    The callback runs apart so that it delays no renewal and no cancellation; the
+    block that it is about may still wait for it, so it is told before the block ends.
+    """
+    worker = ticket.callback
+    if worker is None:
+        return
+    if True:  # ASYNC
+        if worker is not asyncio.current_task():
+            await asyncio.wait({worker}, timeout=STOP_WAIT)
+    else:
+        if worker is not threading.current_thread():
+            worker.join(STOP_WAIT)
 
 
 class _Group:

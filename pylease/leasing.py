@@ -43,7 +43,7 @@ from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._ticket import Ticket, abandon, inherited
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat import keeper
+from pylease.heartbeat import keeper, settle
 from pylease.targets import Link, Listener, ListenerLost, link
 from pylease.targets import check as check_target
 
@@ -219,6 +219,7 @@ class Lease:
         try:
             if self._opts.heartbeat:
                 keeper().remove(ticket, link_.source)
+                settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
         finally:
             _claims.leave(ticket.name, ticket.holder)
@@ -394,6 +395,7 @@ class KeepFresh:
             return  # a forked child's: nothing of it is the child's (see Lease)
         try:
             keeper().remove(ticket, link_.source)
+            settle(ticket)
         finally:
             link_.close()
         end_keep_fresh(ticket, exc)

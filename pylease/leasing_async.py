@@ -45,7 +45,7 @@ from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._ticket import AsyncTicket, abandon, inherited
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat_async import keeper
+from pylease.heartbeat_async import keeper, settle
 from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
 from pylease.targets_async import check as check_target
 
@@ -231,6 +231,7 @@ class AsyncLease:
         try:
             if self._opts.heartbeat:
                 await keeper().remove(ticket, link_.source)
+                await settle(ticket)
             if True:  # ASYNC
                 exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
             released, trouble = await release(link_, ticket, self._opts.min_hold)
@@ -530,6 +531,7 @@ class AsyncKeepFresh:
             return  # a forked child's: nothing of it is the child's (see AsyncLease)
         try:
             await keeper().remove(ticket, link_.source)
+            await settle(ticket)
         finally:
             await link_.close()
         end_keep_fresh(ticket, exc)

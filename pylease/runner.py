@@ -192,6 +192,9 @@ def _watch(
             break
         except subprocess.TimeoutExpired:
             pass
+        past_expiry = remaining is not None and not killed and remaining() <= 0
+        if past_expiry:
+            continue  # SIGKILL at the top of the loop: no SIGTERM past the expiry
         if lost.is_set() and terminated_at is None:
             say(f"{why_lost()}; sending SIGTERM to {argv[0]} (pid {child.pid})")
             with contextlib.suppress(ProcessLookupError):
