@@ -734,6 +734,7 @@ def run(
                     kill_after=kill_after.total_seconds(),
                     say=_say,
                     why_lost=lambda: why[0] if why else f"lease {name!r} was lost",
+                    remaining=runner.time_left(held),
                 )
         except runner.Signalled as sig:
             if entered:

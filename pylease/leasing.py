@@ -16,11 +16,13 @@ steps, or passes ``on_lost`` to be told at once.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pylease import _claims
 from pylease._acompat import monotonic, sleep
 from pylease._backend import Backend
 from pylease._lease_core import (
@@ -39,9 +41,9 @@ from pylease._lease_core import (
 from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
-from pylease._ticket import Ticket
+from pylease._ticket import Ticket, abandon, inherited
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat import keeper
+from pylease.heartbeat import keeper, settle
 from pylease.targets import Link, Listener, ListenerLost, link
 from pylease.targets import check as check_target
 
@@ -157,6 +159,8 @@ class Lease:
         self._heartbeat_target = heartbeat_target
         self._link: Link | None = None
         self._ticket: Ticket | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._held: Held | None = None
         self.want_holder = True
         self.on_busy: Callable[[Any], None] | None = None  # see acquire()
 
@@ -164,21 +168,36 @@ class Lease:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: a lease() context manager can be entered once")
         opts = self._opts
-        self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         holder = opts.holder or default_holder()
+        # Before any I/O: one holder names one claim (a second live lease of this name
+        # with this holder would share the fence and be released under the first).
+        _claims.enter(opts.name, holder)
+        try:
+            self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
+        except BaseException:
+            _claims.leave(opts.name, holder)
+            raise
         try:
             fence, sent_at = acquire(
                 link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
             )
         except BaseException:
             self._link = None
+            _claims.leave(opts.name, holder)
             link_.close()
             raise
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
         self._ticket = ticket
+        held = Held(opts.name, holder, fence, ticket)
         if opts.heartbeat:
+            # Once neither this context manager nor the Held is reachable (the Held is
+            # reachable from here), nobody can leave the block: the keeper stops
+            # renewing and releases (issue 10, defect 8).
+            ticket.link = link_
+            self._held = held  # so the Held is collected only once this is too
+            self._finalizer = weakref.finalize(held, abandon, ticket)
             keeper().add(ticket, link_.source)
-        return Held(opts.name, holder, fence, ticket)
+        return held
 
     def __exit__(
         self,
@@ -189,11 +208,21 @@ class Lease:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            # A forked child holds none of its parent's leases: no I/O on the inherited
+            # connections, no release, no lock (one may have been held at the fork),
+            # and the child's own exception goes on unchanged.
+            return
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._held = None
         try:
             if self._opts.heartbeat:
                 keeper().remove(ticket, link_.source)
+                settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
         finally:
+            _claims.leave(ticket.name, ticket.holder)
             link_.close()
         finish(ticket, exc, released, trouble)
 
@@ -346,6 +375,9 @@ class KeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        # Renews with the ttl it was given, or the one in force (None): never the
+        # owner's ttl taken from the row, which the owner may change.
+        ticket.renew_ttl = ttl
         self._ticket = ticket
         keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)
@@ -359,8 +391,11 @@ class KeepFresh:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            return  # a forked child's: nothing of it is the child's (see Lease)
         try:
             keeper().remove(ticket, link_.source)
+            settle(ticket)
         finally:
             link_.close()
         end_keep_fresh(ticket, exc)

@@ -412,8 +412,8 @@ async def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
             await stack.enter_async_context(alease(dsn, f"job-{i}", ttl=0.9)) for i in range(1000)
         ]
         assert await asleep_until(lambda: all(h._ticket.renewals >= 2 for h in helds), 30)
-    assert wait_until(lambda: function_calls(conn, "lease_renew_many") > 0)
-    calls = function_calls(conn, "lease_renew_many")
+    assert wait_until(lambda: function_calls(conn, "lease_renew_each") > 0)
+    calls = function_calls(conn, "lease_renew_each")
     # Every tick renews all the leases still held; the first one taken is released last.
     ticks = max(h._ticket.renewals for h in helds)
     assert 2 <= calls <= ticks + 1, (calls, ticks)
