@@ -7,6 +7,7 @@ import re
 import urllib.parse
 from pathlib import Path
 
+from pylease import dsn as dsn_mod
 from pylease.errors import ConfigurationError
 
 #: Filesystem types (``/proc/mounts``) on which SQLite's file locks cannot be trusted.
@@ -52,10 +53,14 @@ def default_path() -> Path:
     ``~/.local/state/pylease/leases.sqlite3`` when ``XDG_STATE_HOME`` is unset
     (or not absolute, as the XDG spec asks). Read from the environment at each
     call; creates nothing: :func:`connect` creates the directory, user-only.
+    The command line's own rule (:func:`pylease.dsn.default_sqlite_path`), so that
+    the Python API and the CLI agree on the file and on when there is none.
+
+    :raises ConfigurationError: no ``XDG_STATE_HOME`` and no ``HOME`` that exists
+        (a service user's ``/nonexistent``): pylease does not guess another place,
+        nor create a home directory.
     """
-    state = os.environ.get("XDG_STATE_HOME", "")
-    base = Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
-    return base / "pylease" / "leases.sqlite3"
+    return dsn_mod.default_sqlite_path()
 
 
 def path_of(location: str | os.PathLike[str]) -> Path:
@@ -68,6 +73,9 @@ def path_of(location: str | os.PathLike[str]) -> Path:
     if not isinstance(text, str) or not text:
         raise ConfigurationError("pylease: a SQLite location must be a non-empty path or URL")
     if text.startswith("sqlite:") or "://" in text:
+        if dsn_mod.is_sqlite(text):
+            # The CLI's check: sqlite:/tmp/x would otherwise open the relative tmp/x.
+            dsn_mod.check_sqlite(text)
         parts = urllib.parse.urlsplit(text)
         hint = "use sqlite:///relative/path or sqlite:////absolute/path"
         if parts.scheme != "sqlite":
