@@ -1,5 +1,6 @@
 """pylease: leases (locks with an expiry) arbitrated by PostgreSQL, with fence tokens."""
 
+from pylease._types import FOREVER, AsyncTarget, Duration, Target, Wait
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -22,8 +23,11 @@ from pylease.schema import schema_sql
 __version__ = "0.1.0"
 
 __all__ = [
+    "FOREVER",
+    "AsyncTarget",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "Duration",
     "FenceExhausted",
     "Held",
     "InvalidArgument",
@@ -34,6 +38,8 @@ __all__ = [
     "PyleaseError",
     "ReadOnlyServer",
     "SchemaMissing",
+    "Target",
+    "Wait",
     "__version__",
     "acurrent_leader",
     "akeep_fresh",

@@ -95,7 +95,7 @@ class Options(NamedTuple):
     name: str
     ttl: timedelta
     holder: str | None
-    wait: float
+    wait: float  # seconds; math.inf: no deadline
     heartbeat: bool
     min_hold: timedelta | None
     poll_interval: float | None
@@ -119,7 +119,7 @@ def options(
     ttl_ = _validate.ttl(ttl)
     if holder is not None:
         holder = _validate.key("holder", holder)
-    wait_ = _validate.span("wait", wait).total_seconds()
+    wait_ = _validate.wait(wait)
     min_hold_ = None if min_hold is None else _validate.span("min_hold", min_hold)
     poll = None
     if poll_interval is not None:

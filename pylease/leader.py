@@ -26,14 +26,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Generator
-from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
 
-from pylease import _validate, durations
+from pylease import _validate
 from pylease._acompat import Event, monotonic
 from pylease._backend import LeaseRow
 from pylease._lease_core import Held, callable_option, default_holder, next_pause
+from pylease._types import Duration, Target, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.leasing import Lease, lease
 from pylease.targets import Link, Listener, ListenerLost, link
@@ -74,18 +74,7 @@ def wait_seconds(wait: object) -> float:
 
     A string is a duration as the CLI spells it (``"30s"``, ``"5m"``).
     """
-    if wait is None or wait == timedelta.max:
-        return math.inf
-    if isinstance(wait, float) and math.isinf(wait) and wait > 0:
-        return math.inf
-    if isinstance(wait, str):
-        if wait.strip().lower() == "forever":
-            return math.inf
-        try:
-            wait = durations.parse(wait)
-        except ValueError as exc:
-            raise InvalidArgument(f"pylease: wait: {exc}", parameter="wait") from None
-    return _validate.span("wait", wait).total_seconds()
+    return math.inf if wait is None else _validate.wait(wait)
 
 
 def poll_seconds(poll_interval: object) -> float | None:
@@ -226,14 +215,14 @@ class Campaign:
 
     def __init__(
         self,
-        target: object,
+        target: Target,
         name: str,
         ttl: object,
         *,
         holder: str | None,
         wait: object,
         on_lost: Callback | None,
-        heartbeat_target: object,
+        heartbeat_target: Target | None,
         poll_interval: object,
         cancel_on_lost: bool,
     ) -> None:
@@ -357,15 +346,15 @@ class Leader:
 
 
 def leader(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     *,
     holder: str | None = None,
-    wait: timedelta | float | str | None = None,
+    wait: Wait | None = None,
     on_lost: Callback | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> Leader:
     """Lead while the ``with`` block runs: wait until elected, resign on leaving.
 
@@ -402,9 +391,9 @@ def leader(
 
 
 def run_as_leader(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     work: Callable[[Held], object],
     *,
     on_started_leading: Callback | None = None,
@@ -412,8 +401,8 @@ def run_as_leader(
     on_new_leader: Callback | None = None,
     stop: Event | None = None,
     holder: str | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> None:
     """Campaign, lead by running ``work(term)``, and campaign again, until ``stop`` is set.
 
@@ -517,7 +506,7 @@ def _work_until_stopped(work: Callable[[Held], object], term: Held, stopping: St
         stopping.interruptible = False
 
 
-def current_leader(target: object, name: str) -> LeaseRow | None:
+def current_leader(target: Target, name: str) -> LeaseRow | None:
     """The current leader's row (holder, fence, acquired_at, expires_at, ...), or None.
 
     One read of ``lease_status``; None unless the lease's state is ``held``.
@@ -533,7 +522,7 @@ def current_leader(target: object, name: str) -> LeaseRow | None:
 
 
 def watch_leader(
-    target: object, name: str, *, poll_interval: float | None = None
+    target: Target, name: str, *, poll_interval: Duration | None = None
 ) -> Generator[LeaseRow | None, None]:
     """Yield the current leader (or None), then again on every change of leader.
 

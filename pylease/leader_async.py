@@ -27,14 +27,14 @@ import signal
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
 
-from pylease import _validate, durations
+from pylease import _validate
 from pylease._acompat import AEvent, monotonic
 from pylease._backend import LeaseRow
 from pylease._lease_core import Held, callable_option, default_holder, next_pause
+from pylease._types import AsyncTarget, Duration, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.leasing_async import AsyncLease, alease
 from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
@@ -75,18 +75,7 @@ def wait_seconds(wait: object) -> float:
 
     A string is a duration as the CLI spells it (``"30s"``, ``"5m"``).
     """
-    if wait is None or wait == timedelta.max:
-        return math.inf
-    if isinstance(wait, float) and math.isinf(wait) and wait > 0:
-        return math.inf
-    if isinstance(wait, str):
-        if wait.strip().lower() == "forever":
-            return math.inf
-        try:
-            wait = durations.parse(wait)
-        except ValueError as exc:
-            raise InvalidArgument(f"pylease: wait: {exc}", parameter="wait") from None
-    return _validate.span("wait", wait).total_seconds()
+    return math.inf if wait is None else _validate.wait(wait)
 
 
 def poll_seconds(poll_interval: object) -> float | None:
@@ -260,14 +249,14 @@ class Campaign:
 
     def __init__(
         self,
-        target: object,
+        target: AsyncTarget,
         name: str,
         ttl: object,
         *,
         holder: str | None,
         wait: object,
         on_lost: Callback | None,
-        heartbeat_target: object,
+        heartbeat_target: AsyncTarget | None,
         poll_interval: object,
         cancel_on_lost: bool,
     ) -> None:
@@ -406,15 +395,15 @@ class AsyncLeader:
 if True:  # ASYNC
 
     def aleader(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float | str | None = None,
+        wait: Wait | None = None,
         on_lost: Callback | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
     ) -> AsyncLeader:
         """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
@@ -453,15 +442,15 @@ if True:  # ASYNC
 else:
 
     def aleader(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float | str | None = None,
+        wait: Wait | None = None,
         on_lost: Callback | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
     ) -> AsyncLeader:
         """Lead while the ``async with`` block runs: wait until elected, resign on leaving.
 
@@ -498,9 +487,9 @@ else:
 
 
 async def arun_as_leader(
-    target: object,
+    target: AsyncTarget,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     work: Callable[[Held], Awaitable[object]],
     *,
     on_started_leading: Callback | None = None,
@@ -508,8 +497,8 @@ async def arun_as_leader(
     on_new_leader: Callback | None = None,
     stop: AEvent | None = None,
     holder: str | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    heartbeat_target: AsyncTarget | None = None,
+    poll_interval: Duration | None = None,
 ) -> None:
     """Campaign, lead by running ``work(term)``, and campaign again, until ``stop`` is set.
 
@@ -632,7 +621,7 @@ async def _work_until_stopped(
             stopping.interruptible = False
 
 
-async def acurrent_leader(target: object, name: str) -> LeaseRow | None:
+async def acurrent_leader(target: AsyncTarget, name: str) -> LeaseRow | None:
     """The current leader's row (holder, fence, acquired_at, expires_at, ...), or None.
 
     One read of ``lease_status``; None unless the lease's state is ``held``.
@@ -648,7 +637,7 @@ async def acurrent_leader(target: object, name: str) -> LeaseRow | None:
 
 
 async def awatch_leader(
-    target: object, name: str, *, poll_interval: float | None = None
+    target: AsyncTarget, name: str, *, poll_interval: Duration | None = None
 ) -> AsyncGenerator[LeaseRow | None, None]:
     """Yield the current leader (or None), then again on every change of leader.
 

@@ -40,6 +40,7 @@ from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._ticket import Ticket
+from pylease._types import Duration, Target, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.heartbeat import keeper
 from pylease.targets import Link, Listener, ListenerLost, link
@@ -179,17 +180,17 @@ class Lease:
 
 
 def lease(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     *,
     holder: str | None = None,
-    wait: timedelta | float = 0,
+    wait: Wait = 0,
     heartbeat: bool = True,
     on_lost: LostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    min_hold: Duration | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> Lease:
     """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -200,9 +201,11 @@ def lease(
 
     :param target: a psycopg ``Connection``, a psycopg_pool ``ConnectionPool``, a URL
         (``postgresql://...``, ``sqlite:///path``) or a ``sqlite3.Connection``.
-    :param ttl: how long the lease outlives its last renewal (timedelta or seconds).
+    :param ttl: how long the lease outlives its last renewal: a timedelta, seconds, or
+        a duration string (``"5m"``, ``"1h30m"``, ``"250ms"``).
     :param holder: the holder token; default unique per claim (host, pid, 128 bits).
-    :param wait: how long to keep trying when the lease is busy (default: not at all).
+    :param wait: how long to keep trying when the lease is busy (default: not at all);
+        :data:`pylease.FOREVER` (``math.inf``, ``"forever"``): without a deadline.
     :param heartbeat: renew every ttl/3 while the block runs (default True).
     :param on_lost: called with the :class:`LeaseLost` once the heartbeat learns the
         lease is gone; runs on the keeper thread.
@@ -229,18 +232,18 @@ def lease(
 
 
 def run_exclusive(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     work: Callable[[], T],
     *,
     holder: str | None = None,
-    wait: timedelta | float = 0,
+    wait: Wait = 0,
     heartbeat: bool = True,
     on_lost: LostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    min_hold: Duration | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> Outcome[T]:
     """Run ``work()`` under the lease ``name``, for scheduled sweeps.
 
@@ -347,11 +350,11 @@ class KeepFresh:
 
 
 def keep_fresh(
-    target: object,
+    target: Target,
     name: str,
     holder: str,
     *,
-    ttl: timedelta | float | None = None,
+    ttl: Duration | None = None,
     on_lost: LostCallback | None = None,
 ) -> KeepFresh:
     """Keep somebody else's lease fresh while the ``with`` block runs; never release it.

@@ -42,6 +42,7 @@ from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._ticket import AsyncTicket
+from pylease._types import AsyncTarget, Duration, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.heartbeat_async import keeper
 from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
@@ -231,17 +232,17 @@ class AsyncLease:
 if True:  # ASYNC
 
     def alease(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``async with`` block runs.
@@ -280,18 +281,18 @@ if True:  # ASYNC
         )
 
     async def arun_exclusive(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         work: Callable[[], Awaitable[T]],
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
     ) -> Outcome[T]:
         """Await ``work()`` under the lease ``name``: the twin of :func:`pylease.run_exclusive`.
@@ -318,17 +319,17 @@ if True:  # ASYNC
 else:
 
     def alease(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -339,9 +340,11 @@ else:
 
         :param target: a psycopg ``Connection``, a psycopg_pool ``ConnectionPool``, a URL
             (``postgresql://...``, ``sqlite:///path``) or a ``sqlite3.Connection``.
-        :param ttl: how long the lease outlives its last renewal (timedelta or seconds).
+        :param ttl: how long the lease outlives its last renewal: a timedelta, seconds, or
+            a duration string (``"5m"``, ``"1h30m"``, ``"250ms"``).
         :param holder: the holder token; default unique per claim (host, pid, 128 bits).
-        :param wait: how long to keep trying when the lease is busy (default: not at all).
+        :param wait: how long to keep trying when the lease is busy (default: not at all);
+            :data:`pylease.FOREVER` (``math.inf``, ``"forever"``): without a deadline.
         :param heartbeat: renew every ttl/3 while the block runs (default True).
         :param on_lost: called with the :class:`LeaseLost` once the heartbeat learns the
             lease is gone; runs on the keeper thread.
@@ -367,18 +370,18 @@ else:
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         work: Callable[[], Awaitable[T]],
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
     ) -> Outcome[T]:
         """Run ``work()`` under the lease ``name``, for scheduled sweeps.
 
@@ -485,11 +488,11 @@ class AsyncKeepFresh:
 
 
 def akeep_fresh(
-    target: object,
+    target: AsyncTarget,
     name: str,
     holder: str,
     *,
-    ttl: timedelta | float | None = None,
+    ttl: Duration | None = None,
     on_lost: AsyncLostCallback | None = None,
 ) -> AsyncKeepFresh:
     """Keep somebody else's lease fresh while the ``async with`` block runs; never release it.

@@ -65,6 +65,7 @@ NAMES = {
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
     "AsyncLostCallback": "LostCallback",
+    "AsyncTarget": "Target",
     # leader election
     "leader_async": "leader",
     "aleader": "leader",
