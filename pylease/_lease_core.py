@@ -16,7 +16,7 @@ import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from pylease import _validate
+from pylease import _log, _validate
 from pylease._ticket import Ticket
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
 
@@ -192,11 +192,7 @@ def finish(
     if lost is not None:
         raise lost from trouble
     if isinstance(trouble, DatabaseUnavailable):
-        logger.warning(
-            "pylease: could not release lease %r, it stays held until it expires: %s",
-            ticket.name,
-            trouble,
-        )
+        _log.release_failed(ticket.name, ticket.holder, ticket.fence, trouble)
         return
     if trouble is not None:
         raise trouble

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from pylease import _log
 from pylease.errors import LeaseLost
 
 logger = logging.getLogger("pylease")
@@ -33,6 +34,11 @@ class Ticket:
     ``expires`` is a monotonic-clock lower bound of the lease's expiry: the moment
     the last successful claim or renewal was *sent*, plus the ttl.
     """
+
+    # For the log records (pylease._log): the fence it was granted, and how many of
+    # its renewals have been logged.
+    fence: int | None = None
+    logged_renewals = 0
 
     def __init__(
         self,
@@ -94,5 +100,5 @@ def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:
     """Mark ``ticket`` lost and log it; the error if this was news."""
     error = ticket.mark_lost(reason)
     if error is not None:
-        logger.warning("lease %r lost: %s", ticket.name, reason)
+        _log.lost(ticket.name, ticket.holder, ticket.fence, reason)
     return error

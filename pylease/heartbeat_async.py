@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
 from pylease._backend_async import AsyncBackend
+from pylease._log import last_error as error_text
+from pylease._log import renew_failed, tick_settled
 from pylease._ticket import AsyncTicket, Ticket, notify_lost
 from pylease._ticket import LostCallback as LostCallback
 from pylease._ticket import margin as margin
@@ -229,7 +231,7 @@ class AsyncKeeper:
         for group, batch in due:
             aspawn(self._tick, group, batch, name="pylease-renew")
         for group, ticket in overdue:
-            why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
+            why = f"no renewal succeeded before its expiry (last error: {error_text(group)})"
             error = notify_lost(ticket, why)
             if error is not None:
                 await call_on_lost(ticket, error)
@@ -242,6 +244,7 @@ class AsyncKeeper:
         finally:
             async with self._cond:
                 group.busy = False
+                tick_settled(group, batch)
                 key = (group.source.key, group.renew)
                 if not group.tickets and self._groups.get(key) is group:
                     del self._groups[key]
@@ -275,14 +278,8 @@ class AsyncKeeper:
             backoff = min(
                 FIRST_BACKOFF * 2 ** (group.failures - 1), min(t.interval for t in batch) / 2
             )
-            logger.warning(
-                "renewing %d lease(s) through %s failed (attempt %d), retrying in %.2fs: %s",
-                len(batch),
-                group.source.label,
-                group.failures,
-                backoff,
-                exc if str(exc) else type(exc).__name__,
-            )
+            # One warning per outage, at its first failure: the retries are DEBUG.
+            renew_failed(group, batch, backoff, exc, monotonic())
             async with self._cond:
                 group.next_at = monotonic() + backoff * random.uniform(0.8, 1.2)
             return []

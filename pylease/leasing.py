@@ -39,6 +39,8 @@ from pylease._lease_core import (
 from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
+from pylease._log import claimed as log_claimed
+from pylease._log import released as log_released
 from pylease._ticket import Ticket
 from pylease._types import Duration, Target, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -70,6 +72,7 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
     start = sent_at = monotonic()
     fence = link_.run(claim, name=name, retry=True)
     if fence is not None:
+        log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
         current = current_holder(link_.run(status, name=name))[0] if want_holder else None
@@ -83,6 +86,7 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
             sent_at = monotonic()
             fence = link_.run(claim, name=name, retry=True)
             if fence is not None:
+                log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                 return fence, sent_at
             current, expires_at = current_holder(link_.run(status, name=name))
             now = monotonic()
@@ -119,9 +123,11 @@ def release(
         return b.release(name, holder, min_hold)
 
     try:
-        return link_.run_release(give_back, name=name), None
+        ours = link_.run_release(give_back, name=name)
     except Exception as exc:
         return None, exc
+    log_released(name, holder, ticket.fence, ours)
+    return ours, None
 
 
 class Lease:
@@ -156,6 +162,7 @@ class Lease:
             link_.close()
             raise
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
+        ticket.fence = fence
         self._ticket = ticket
         if opts.heartbeat:
             keeper().add(ticket, link_.source)
@@ -329,6 +336,7 @@ class KeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        ticket.fence = row.fence
         self._ticket = ticket
         keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)

@@ -41,6 +41,8 @@ from pylease._lease_core import (
 from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
+from pylease._log import claimed as log_claimed
+from pylease._log import released as log_released
 from pylease._ticket import AsyncTicket
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -74,6 +76,7 @@ async def acquire(
     start = sent_at = monotonic()
     fence = await link_.run(claim, name=name, retry=True)
     if fence is not None:
+        log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
         current = current_holder(await link_.run(status, name=name))[0] if want_holder else None
@@ -87,6 +90,7 @@ async def acquire(
             sent_at = monotonic()
             fence = await link_.run(claim, name=name, retry=True)
             if fence is not None:
+                log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                 return fence, sent_at
             current, expires_at = current_holder(await link_.run(status, name=name))
             now = monotonic()
@@ -123,9 +127,11 @@ async def release(
         return await b.release(name, holder, min_hold)
 
     try:
-        return await link_.run_release(give_back, name=name), None
+        ours = await link_.run_release(give_back, name=name)
     except Exception as exc:
         return None, exc
+    log_released(name, holder, ticket.fence, ours)
+    return ours, None
 
 
 class AsyncLease:
@@ -162,6 +168,7 @@ class AsyncLease:
             await link_.close()
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
+        ticket.fence = fence
         if True:  # ASYNC
             if opts.cancel_on_lost:
                 ticket.task = asyncio.current_task()
@@ -467,6 +474,7 @@ class AsyncKeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        ticket.fence = row.fence
         self._ticket = ticket
         await keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)
