@@ -16,11 +16,13 @@ steps, or passes ``on_lost`` to be told at once.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pylease import _claims
 from pylease._acompat import monotonic, sleep
 from pylease._backend import Backend
 from pylease._lease_core import (
@@ -41,10 +43,10 @@ from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._log import claimed as log_claimed
 from pylease._log import released as log_released
-from pylease._ticket import Ticket
+from pylease._ticket import Ticket, abandon, inherited
 from pylease._types import Duration, Target, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat import keeper
+from pylease.heartbeat import keeper, settle
 from pylease.targets import Link, Listener, ListenerLost, link
 from pylease.targets import check as check_target
 
@@ -54,12 +56,21 @@ T = TypeVar("T")
 LostCallback = Callable[[LeaseLost], object]
 
 
-def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tuple[int, float]:
+def acquire(
+    link_: Link,
+    opts: Options,
+    holder: str,
+    *,
+    want_holder: bool,
+    on_busy: Callable[[Any], None] | None = None,
+) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
     With ``wait``, a busy first attempt starts a LISTEN, then tries again at once (a
     release between the two attempts is not missed), then retries on every
     notification naming this lease, on the poll interval, and at the holder's expiry.
+    ``on_busy(row)`` is called after every busy attempt with the ``status()`` row that
+    stood in the way (None if it vanished), the last one before LeaseBusy included.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -75,7 +86,12 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
         log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
-        current = current_holder(link_.run(status, name=name))[0] if want_holder else None
+        current = None
+        if want_holder or on_busy is not None:
+            rows = link_.run(status, name=name)
+            current = current_holder(rows)[0]
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
         raise LeaseBusy(name, holder=current, waited=0.0)
 
     deadline = start + opts.wait
@@ -88,7 +104,10 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
             if fence is not None:
                 log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                 return fence, sent_at
-            current, expires_at = current_holder(link_.run(status, name=name))
+            rows = link_.run(status, name=name)
+            current, expires_at = current_holder(rows)
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
             now = monotonic()
             if now >= deadline:
                 raise LeaseBusy(name, holder=current, waited=now - start)
@@ -147,26 +166,46 @@ class Lease:
         self._heartbeat_target = heartbeat_target
         self._link: Link | None = None
         self._ticket: Ticket | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._held: Held | None = None
         self.want_holder = True
+        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
 
     def __enter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: a lease() context manager can be entered once")
         opts = self._opts
-        self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         holder = opts.holder or default_holder()
+        # Before any I/O: one holder names one claim (a second live lease of this name
+        # with this holder would share the fence and be released under the first).
+        _claims.enter(opts.name, holder)
         try:
-            fence, sent_at = acquire(link_, opts, holder, want_holder=self.want_holder)
+            self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
+        except BaseException:
+            _claims.leave(opts.name, holder)
+            raise
+        try:
+            fence, sent_at = acquire(
+                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+            )
         except BaseException:
             self._link = None
+            _claims.leave(opts.name, holder)
             link_.close()
             raise
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
         ticket.fence = fence
         self._ticket = ticket
+        held = Held(opts.name, holder, fence, ticket)
         if opts.heartbeat:
+            # Once neither this context manager nor the Held is reachable (the Held is
+            # reachable from here), nobody can leave the block: the keeper stops
+            # renewing and releases (issue 10, defect 8).
+            ticket.link = link_
+            self._held = held  # so the Held is collected only once this is too
+            self._finalizer = weakref.finalize(held, abandon, ticket)
             keeper().add(ticket, link_.source)
-        return Held(opts.name, holder, fence, ticket)
+        return held
 
     def __exit__(
         self,
@@ -177,11 +216,21 @@ class Lease:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            # A forked child holds none of its parent's leases: no I/O on the inherited
+            # connections, no release, no lock (one may have been held at the fork),
+            # and the child's own exception goes on unchanged.
+            return
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._held = None
         try:
             if self._opts.heartbeat:
                 keeper().remove(ticket, link_.source)
+                settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
         finally:
+            _claims.leave(ticket.name, ticket.holder)
             link_.close()
         finish(ticket, exc, released, trouble)
 
@@ -337,6 +386,9 @@ class KeepFresh:
             on_lost=self._on_lost,
         )
         ticket.fence = row.fence
+        # Renews with the ttl it was given, or the one in force (None): never the
+        # owner's ttl taken from the row, which the owner may change.
+        ticket.renew_ttl = ttl
         self._ticket = ticket
         keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)
@@ -350,8 +402,11 @@ class KeepFresh:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            return  # a forked child's: nothing of it is the child's (see Lease)
         try:
             keeper().remove(ticket, link_.source)
+            settle(ticket)
         finally:
             link_.close()
         end_keep_fresh(ticket, exc)

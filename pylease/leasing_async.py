@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pylease import _claims
 from pylease._acompat import asleep, monotonic
 from pylease._backend_async import AsyncBackend
 from pylease._lease_core import (
@@ -43,10 +45,10 @@ from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._log import claimed as log_claimed
 from pylease._log import released as log_released
-from pylease._ticket import AsyncTicket
+from pylease._ticket import AsyncTicket, abandon, inherited
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat_async import keeper
+from pylease.heartbeat_async import keeper, settle
 from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
 from pylease.targets_async import check as check_target
 
@@ -57,13 +59,20 @@ AsyncLostCallback = Callable[[LeaseLost], object]
 
 
 async def acquire(
-    link_: AsyncLink, opts: Options, holder: str, *, want_holder: bool
+    link_: AsyncLink,
+    opts: Options,
+    holder: str,
+    *,
+    want_holder: bool,
+    on_busy: Callable[[Any], None] | None = None,
 ) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
     With ``wait``, a busy first attempt starts a LISTEN, then tries again at once (a
     release between the two attempts is not missed), then retries on every
     notification naming this lease, on the poll interval, and at the holder's expiry.
+    ``on_busy(row)`` is called after every busy attempt with the ``status()`` row that
+    stood in the way (None if it vanished), the last one before LeaseBusy included.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -79,7 +88,12 @@ async def acquire(
         log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
-        current = current_holder(await link_.run(status, name=name))[0] if want_holder else None
+        current = None
+        if want_holder or on_busy is not None:
+            rows = await link_.run(status, name=name)
+            current = current_holder(rows)[0]
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
         raise LeaseBusy(name, holder=current, waited=0.0)
 
     deadline = start + opts.wait
@@ -92,7 +106,10 @@ async def acquire(
             if fence is not None:
                 log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                 return fence, sent_at
-            current, expires_at = current_holder(await link_.run(status, name=name))
+            rows = await link_.run(status, name=name)
+            current, expires_at = current_holder(rows)
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
             now = monotonic()
             if now >= deadline:
                 raise LeaseBusy(name, holder=current, waited=now - start)
@@ -151,7 +168,10 @@ class AsyncLease:
         self._heartbeat_target = heartbeat_target
         self._link: AsyncLink | None = None
         self._ticket: AsyncTicket | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._held: Held | None = None
         self.want_holder = True
+        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
         if True:  # ASYNC
             self._cancelling = 0
 
@@ -159,12 +179,22 @@ class AsyncLease:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: an alease() context manager can be entered once")
         opts = self._opts
-        self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         holder = opts.holder or default_holder()
+        # Before any I/O: one holder names one claim (a second live lease of this name
+        # with this holder would share the fence and be released under the first).
+        _claims.enter(opts.name, holder)
         try:
-            fence, sent_at = await acquire(link_, opts, holder, want_holder=self.want_holder)
+            self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
+        except BaseException:
+            _claims.leave(opts.name, holder)
+            raise
+        try:
+            fence, sent_at = await acquire(
+                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+            )
         except BaseException:
             self._link = None
+            _claims.leave(opts.name, holder)
             await link_.close()
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
@@ -175,9 +205,16 @@ class AsyncLease:
                 if ticket.task is not None:
                     self._cancelling = ticket.task.cancelling()
         self._ticket = ticket
+        held = Held(opts.name, holder, fence, ticket)
         if opts.heartbeat:
+            # Once neither this context manager nor the Held is reachable (the Held is
+            # reachable from here), nobody can leave the block: the keeper stops
+            # renewing and releases (issue 10, defect 8).
+            ticket.link = link_
+            self._held = held  # so the Held is collected only once this is too
+            self._finalizer = weakref.finalize(held, abandon, ticket)
             await keeper().add(ticket, link_.source)
-        return Held(opts.name, holder, fence, ticket)
+        return held
 
     async def __aexit__(
         self,
@@ -188,16 +225,26 @@ class AsyncLease:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            # A forked child holds none of its parent's leases: no I/O on the inherited
+            # connections, no release, no lock (one may have been held at the fork),
+            # and the child's own exception goes on unchanged.
+            return
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._held = None
         if True:  # ASYNC
             ticket.task = None  # no cancellation from here on
             outside_cancel = False
         try:
             if self._opts.heartbeat:
                 await keeper().remove(ticket, link_.source)
+                await settle(ticket)
             if True:  # ASYNC
                 exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
             released, trouble = await release(link_, ticket, self._opts.min_hold)
         finally:
+            _claims.leave(ticket.name, ticket.holder)
             await link_.close()
         if True:  # ASYNC
             if outside_cancel and exc is None:
@@ -475,6 +522,9 @@ class AsyncKeepFresh:
             on_lost=self._on_lost,
         )
         ticket.fence = row.fence
+        # Renews with the ttl it was given, or the one in force (None): never the
+        # owner's ttl taken from the row, which the owner may change.
+        ticket.renew_ttl = ttl
         self._ticket = ticket
         await keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)
@@ -488,8 +538,11 @@ class AsyncKeepFresh:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            return  # a forked child's: nothing of it is the child's (see AsyncLease)
         try:
             await keeper().remove(ticket, link_.source)
+            await settle(ticket)
         finally:
             await link_.close()
         end_keep_fresh(ticket, exc)
