@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from pylease import _log
 from pylease._acompat import monotonic
 from pylease.errors import LeaseLost
 
@@ -45,6 +46,11 @@ class Ticket:
     keeper then stops renewing it and releases it through ``link``, pylease's own way
     to the database.
     """
+
+    # For the log records (pylease._log): the fence it was granted, and how many of
+    # its renewals have been logged.
+    fence: int | None = None
+    logged_renewals = 0
 
     def __init__(
         self,
@@ -129,10 +135,5 @@ def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:
     """Mark ``ticket`` lost and log it; the error if this was news."""
     error = ticket.mark_lost(reason)
     if error is not None:
-        logger.warning(
-            "lease %r lost: %s",
-            ticket.name,
-            reason,
-            extra={"pylease_event": "lost", "pylease_name": ticket.name, "pylease_reason": reason},
-        )
+        _log.lost(ticket.name, ticket.holder, ticket.fence, reason)
     return error

@@ -39,6 +39,8 @@ from typing import Any
 from pylease import _claims
 from pylease._acompat import Condition, Worker, condition_wait, monotonic, sleep, spawn
 from pylease._backend import Backend
+from pylease._log import last_error as error_text
+from pylease._log import renew_failed, tick_settled
 from pylease._ticket import LostCallback as LostCallback
 from pylease._ticket import Ticket, notify_lost
 from pylease._ticket import margin as margin
@@ -274,7 +276,7 @@ class Keeper:
         for group, batch in due:
             spawn(self._tick, group, batch, name="pylease-renew")
         for group, ticket in overdue:
-            why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
+            why = f"no renewal succeeded before its expiry (last error: {error_text(group)})"
             error = notify_lost(ticket, why)
             if error is not None:
                 tell_lost(ticket, error)
@@ -315,6 +317,7 @@ class Keeper:
         finally:
             with self._cond:
                 group.busy = False
+                tick_settled(group, batch)
                 key = (group.source.key, group.renew)
                 if not group.tickets and self._groups.get(key) is group:
                     del self._groups[key]
@@ -344,37 +347,12 @@ class Keeper:
             backoff = min(
                 FIRST_BACKOFF * 2 ** (group.failures - 1), min(t.interval for t in batch) / 2
             )
-            logger.warning(
-                "renewing %d lease(s) through %s failed (attempt %d), retrying in %.2fs: %s",
-                len(batch),
-                group.source.label,
-                group.failures,
-                backoff,
-                exc if str(exc) else type(exc).__name__,
-                extra={
-                    "pylease_event": "renew_failed",
-                    "pylease_names": [t.name for t in batch],
-                    "pylease_attempt": group.failures,
-                    "pylease_expires_in": min(t.expires for t in batch) - monotonic(),
-                    "pylease_error": exc if str(exc) else type(exc).__name__,
-                },
-            )
+            # One warning per outage, at its first failure: the retries are DEBUG.
+            renew_failed(group, batch, backoff, exc, monotonic())
             with self._cond:
                 group.next_at = monotonic() + backoff * random.uniform(0.8, 1.2)
             return []
         received_at = monotonic()
-        if group.failures:
-            logger.info(
-                "renewing %d lease(s) through %s works again after %d failed attempt(s)",
-                len(batch),
-                group.source.label,
-                group.failures,
-                extra={
-                    "pylease_event": "renew_recovered",
-                    "pylease_names": [t.name for t in batch],
-                    "pylease_attempt": group.failures,
-                },
-            )
         group.failures = 0
         group.last_error = None
         lost: list[tuple[Ticket, str]] = []

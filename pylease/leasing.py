@@ -41,7 +41,10 @@ from pylease._lease_core import (
 from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
+from pylease._log import claimed as log_claimed
+from pylease._log import released as log_released
 from pylease._ticket import Ticket, abandon, inherited
+from pylease._types import Duration, Target, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.heartbeat import keeper, settle
 from pylease.targets import Link, Listener, ListenerLost, link
@@ -80,6 +83,7 @@ def acquire(
     start = sent_at = monotonic()
     fence = link_.run(claim, name=name, retry=True)
     if fence is not None:
+        log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
         current = None
@@ -98,6 +102,7 @@ def acquire(
             sent_at = monotonic()
             fence = link_.run(claim, name=name, retry=True)
             if fence is not None:
+                log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                 return fence, sent_at
             rows = link_.run(status, name=name)
             current, expires_at = current_holder(rows)
@@ -137,9 +142,11 @@ def release(
         return b.release(name, holder, min_hold)
 
     try:
-        return link_.run_release(give_back, name=name), None
+        ours = link_.run_release(give_back, name=name)
     except Exception as exc:
         return None, exc
+    log_released(name, holder, ticket.fence, ours)
+    return ours, None
 
 
 class Lease:
@@ -187,6 +194,7 @@ class Lease:
             link_.close()
             raise
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
+        ticket.fence = fence
         self._ticket = ticket
         held = Held(opts.name, holder, fence, ticket)
         if opts.heartbeat:
@@ -228,17 +236,17 @@ class Lease:
 
 
 def lease(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     *,
     holder: str | None = None,
-    wait: timedelta | float = 0,
+    wait: Wait = 0,
     heartbeat: bool = True,
     on_lost: LostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    min_hold: Duration | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> Lease:
     """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -249,9 +257,11 @@ def lease(
 
     :param target: a psycopg ``Connection``, a psycopg_pool ``ConnectionPool``, a URL
         (``postgresql://...``, ``sqlite:///path``) or a ``sqlite3.Connection``.
-    :param ttl: how long the lease outlives its last renewal (timedelta or seconds).
+    :param ttl: how long the lease outlives its last renewal: a timedelta, seconds, or
+        a duration string (``"5m"``, ``"1h30m"``, ``"250ms"``).
     :param holder: the holder token; default unique per claim (host, pid, 128 bits).
-    :param wait: how long to keep trying when the lease is busy (default: not at all).
+    :param wait: how long to keep trying when the lease is busy (default: not at all);
+        :data:`pylease.FOREVER` (``math.inf``, ``"forever"``): without a deadline.
     :param heartbeat: renew every ttl/3 while the block runs (default True).
     :param on_lost: called with the :class:`LeaseLost` once the heartbeat learns the
         lease is gone; runs on the keeper thread.
@@ -278,18 +288,18 @@ def lease(
 
 
 def run_exclusive(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     work: Callable[[], T],
     *,
     holder: str | None = None,
-    wait: timedelta | float = 0,
+    wait: Wait = 0,
     heartbeat: bool = True,
     on_lost: LostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    min_hold: Duration | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> Outcome[T]:
     """Run ``work()`` under the lease ``name``, for scheduled sweeps.
 
@@ -375,6 +385,7 @@ class KeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        ticket.fence = row.fence
         # Renews with the ttl it was given, or the one in force (None): never the
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
@@ -402,11 +413,11 @@ class KeepFresh:
 
 
 def keep_fresh(
-    target: object,
+    target: Target,
     name: str,
     holder: str,
     *,
-    ttl: timedelta | float | None = None,
+    ttl: Duration | None = None,
     on_lost: LostCallback | None = None,
 ) -> KeepFresh:
     """Keep somebody else's lease fresh while the ``with`` block runs; never release it.

@@ -43,7 +43,10 @@ from pylease._lease_core import (
 from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
+from pylease._log import claimed as log_claimed
+from pylease._log import released as log_released
 from pylease._ticket import AsyncTicket, abandon, inherited
+from pylease._types import AsyncTarget, Duration, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.heartbeat_async import keeper, settle
 from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
@@ -82,6 +85,7 @@ async def acquire(
     start = sent_at = monotonic()
     fence = await link_.run(claim, name=name, retry=True)
     if fence is not None:
+        log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
         current = None
@@ -100,6 +104,7 @@ async def acquire(
             sent_at = monotonic()
             fence = await link_.run(claim, name=name, retry=True)
             if fence is not None:
+                log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                 return fence, sent_at
             rows = await link_.run(status, name=name)
             current, expires_at = current_holder(rows)
@@ -139,9 +144,11 @@ async def release(
         return await b.release(name, holder, min_hold)
 
     try:
-        return await link_.run_release(give_back, name=name), None
+        ours = await link_.run_release(give_back, name=name)
     except Exception as exc:
         return None, exc
+    log_released(name, holder, ticket.fence, ours)
+    return ours, None
 
 
 class AsyncLease:
@@ -191,6 +198,7 @@ class AsyncLease:
             await link_.close()
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
+        ticket.fence = fence
         if True:  # ASYNC
             if opts.cancel_on_lost:
                 ticket.task = asyncio.current_task()
@@ -278,17 +286,17 @@ class AsyncLease:
 if True:  # ASYNC
 
     def alease(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``async with`` block runs.
@@ -327,18 +335,18 @@ if True:  # ASYNC
         )
 
     async def arun_exclusive(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         work: Callable[[], Awaitable[T]],
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
     ) -> Outcome[T]:
         """Await ``work()`` under the lease ``name``: the twin of :func:`pylease.run_exclusive`.
@@ -365,17 +373,17 @@ if True:  # ASYNC
 else:
 
     def alease(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -386,9 +394,11 @@ else:
 
         :param target: a psycopg ``Connection``, a psycopg_pool ``ConnectionPool``, a URL
             (``postgresql://...``, ``sqlite:///path``) or a ``sqlite3.Connection``.
-        :param ttl: how long the lease outlives its last renewal (timedelta or seconds).
+        :param ttl: how long the lease outlives its last renewal: a timedelta, seconds, or
+            a duration string (``"5m"``, ``"1h30m"``, ``"250ms"``).
         :param holder: the holder token; default unique per claim (host, pid, 128 bits).
-        :param wait: how long to keep trying when the lease is busy (default: not at all).
+        :param wait: how long to keep trying when the lease is busy (default: not at all);
+            :data:`pylease.FOREVER` (``math.inf``, ``"forever"``): without a deadline.
         :param heartbeat: renew every ttl/3 while the block runs (default True).
         :param on_lost: called with the :class:`LeaseLost` once the heartbeat learns the
             lease is gone; runs on the keeper thread.
@@ -414,18 +424,18 @@ else:
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         work: Callable[[], Awaitable[T]],
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
     ) -> Outcome[T]:
         """Run ``work()`` under the lease ``name``, for scheduled sweeps.
 
@@ -511,6 +521,7 @@ class AsyncKeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        ticket.fence = row.fence
         # Renews with the ttl it was given, or the one in force (None): never the
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
@@ -538,11 +549,11 @@ class AsyncKeepFresh:
 
 
 def akeep_fresh(
-    target: object,
+    target: AsyncTarget,
     name: str,
     holder: str,
     *,
-    ttl: timedelta | float | None = None,
+    ttl: Duration | None = None,
     on_lost: AsyncLostCallback | None = None,
 ) -> AsyncKeepFresh:
     """Keep somebody else's lease fresh while the ``async with`` block runs; never release it.

@@ -310,7 +310,7 @@ class Listener:
             )
             conn.execute("LISTEN " + CHANNEL)
         except psycopg.Error as exc:
-            logger.info("pylease: cannot LISTEN for lease %r, polling instead: %s", name, exc)
+            logger.info("cannot LISTEN for lease %r, polling instead: %s", name, exc)
             return None
         return cls(conn)
 
@@ -324,7 +324,7 @@ class Listener:
                 if notify.payload == name:
                     return True
         except psycopg.Error as exc:
-            logger.info("pylease: LISTEN connection lost while waiting for %r: %s", name, exc)
+            logger.info("LISTEN connection lost while waiting for %r: %s", name, exc)
             self.close()
             raise ListenerLost from exc
         return False

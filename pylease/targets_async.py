@@ -338,7 +338,7 @@ class AsyncListener:
             )
             await conn.execute("LISTEN " + CHANNEL)
         except psycopg.Error as exc:
-            logger.info("pylease: cannot LISTEN for lease %r, polling instead: %s", name, exc)
+            logger.info("cannot LISTEN for lease %r, polling instead: %s", name, exc)
             return None
         return cls(conn)
 
@@ -352,7 +352,7 @@ class AsyncListener:
                 if notify.payload == name:
                     return True
         except psycopg.Error as exc:
-            logger.info("pylease: LISTEN connection lost while waiting for %r: %s", name, exc)
+            logger.info("LISTEN connection lost while waiting for %r: %s", name, exc)
             await self.close()
             raise ListenerLost from exc
         return False

@@ -50,7 +50,7 @@ PAIRS = [
     ("pylease/targets_async.py", "pylease/targets.py"),
     ("pylease/heartbeat_async.py", "pylease/heartbeat.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
-    ("pylease/leader_async.py", "pylease/leader.py"),
+    ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("tests/test_heartbeat_async.py", "tests/test_heartbeat.py"),
     ("tests/test_lease_async.py", "tests/test_lease.py"),
 ]
@@ -67,8 +67,9 @@ NAMES = {
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
     "AsyncLostCallback": "LostCallback",
+    "AsyncTarget": "Target",
     # leader election
-    "leader_async": "leader",
+    "leadership_async": "leadership",
     "aleader": "leader",
     "arun_as_leader": "run_as_leader",
     "acurrent_leader": "current_leader",
