@@ -185,7 +185,8 @@ def finish(
         )
     if exc is not None:
         if trouble is not None:
-            exc.add_note(f"pylease: releasing lease {ticket.name!r} failed too: {trouble}")
+            why = _log.text(trouble)
+            exc.add_note(f"pylease: releasing lease {ticket.name!r} failed too: {why}")
         elif lost is not None and not (isinstance(exc, LeaseLost) and exc.name == ticket.name):
             exc.add_note(f"pylease: {lost}")
         return

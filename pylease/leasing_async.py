@@ -45,6 +45,7 @@ from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._log import claimed as log_claimed
 from pylease._log import released as log_released
+from pylease._log import text as error_text
 from pylease._ticket import AsyncTicket, abandon, inherited
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -254,7 +255,8 @@ class AsyncLease:
                 error = ticket.error() or LeaseLost(ticket.name, "its body was cancelled")
                 if trouble is not None:
                     error.add_note(
-                        f"pylease: releasing lease {ticket.name!r} failed too: {trouble}"
+                        f"pylease: releasing lease {ticket.name!r} failed too: "
+                        + error_text(trouble)
                     )
                 raise error from exc
         finish(ticket, exc, released, trouble)
