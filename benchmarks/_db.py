@@ -108,9 +108,10 @@ def dbname_of(dsn: str) -> str:
 def recreate(dsn: str, say: Callable[[str], None]) -> None:
     """Drop and create the database the DSN names, then migrate it: a clean slate per run."""
     name = dbname_of(dsn)
-    if not name.startswith("pylease_bench"):
+    if not (name.startswith("pylease_bench") or name.endswith("_bench")):
         raise SystemExit(
-            f"benchmarks: refusing to drop database {name!r}; --fresh only drops pylease_bench*"
+            f"benchmarks: refusing to drop database {name!r}; --fresh only drops"
+            " pylease_bench* and *_bench"
         )
     admin = with_dbname(dsn, "postgres")
     with psycopg.connect(admin, autocommit=True) as conn:

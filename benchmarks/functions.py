@@ -1,0 +1,349 @@
+"""Section 9: what each lease function costs beyond a plain UPDATE, and what its parts cost.
+
+The parts are measured by taking them out: the bench builds copies of the installed
+lease_claim and lease_release in its own functions (``bench_*``), one without the
+timeline floor of the fence (issue 12) and one without the counters and history
+events (issue 15), and runs them interleaved with the real ones. Each contender also
+reports its backend's CPU (``/proc/<pid>/schedstat``), which the neighbours' load
+barely moves, beside the wall time, which it does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from benchmarks._core import Context, Section, Target, holder_id, unique
+from benchmarks._cpu import backend_pid, cpu_seconds
+from benchmarks._stats import Contender, clock, fmt_time, interleave, spread_text, summary
+
+TTL = timedelta(seconds=30)
+UPDATE = "UPDATE bench_floor SET n = n + 1 WHERE id = 1"
+FLOOR_EXPR = (
+    "((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1"
+)
+HISTORY_READ = "current_setting('pylease.history', true)"
+CLAIM_COUNTERS = re.compile(
+    r",\s*grants\s*=\s*l\.grants \+ 1,\s*takeovers\s*=\s*l\.takeovers \+ CASE WHEN s_freed"
+    r" THEN 0 ELSE 1 END"
+)
+RELEASE_COUNTERS = re.compile(r",\s*releases\s*=\s*l\.releases \+ 1")
+
+DEFAULT = "cycle, history 'rare' (default)"
+ALL = "cycle, history 'all'"
+PLAIN = "cycle without counters and events"
+NOFLOOR = "cycle without the fence floor"
+COMMIT = "one-row UPDATE commit"
+COMMIT_NF = "one-row UPDATE commit, no WAL flush"
+NOOP = "no-op SECURITY DEFINER PL/pgSQL call"
+
+
+def _definition(conn: psycopg.Connection[Any], signature: str) -> str:
+    row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (signature,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _variant(source: str, function: str, copy: str, edits: list[tuple[Any, str]]) -> str:
+    """``source`` renamed to ``copy`` (its parameter labels too), with ``edits`` made.
+
+    Each edit must apply: a copy that silently kept what it was meant to drop would
+    make the comparison measure nothing.
+    """
+    text = re.sub(r"FUNCTION (\S+\.)?" + function + r"\(", f"FUNCTION {copy}(", source, count=1)
+    text = text.replace(function + ".", copy + ".")
+    for pattern, replacement in edits:
+        if isinstance(pattern, str):
+            if pattern not in text:
+                raise RuntimeError(f"bench: {function} has no {pattern!r} to take out for {copy}")
+            text = text.replace(pattern, replacement)
+        else:
+            text, n = pattern.subn(replacement, text)
+            if not n:
+                raise RuntimeError(f"bench: {function} has no {pattern.pattern!r} for {copy}")
+    return text
+
+
+def install_variants(conn: psycopg.Connection[Any]) -> None:
+    """The bench's copies of lease_claim and lease_release, each with one part taken out."""
+    claim = _definition(conn, "lease_claim(text, interval, text)")
+    release = _definition(conn, "lease_release(text, text, interval)")
+    for text in (
+        _variant(claim, "lease_claim", "bench_claim_nofloor", [(FLOOR_EXPR, "1")]),
+        _variant(
+            claim,
+            "lease_claim",
+            "bench_claim_plain",
+            [(CLAIM_COUNTERS, ""), (HISTORY_READ, "NULL::text")],
+        ),
+        _variant(
+            release,
+            "lease_release",
+            "bench_release_plain",
+            [(RELEASE_COUNTERS, ""), (HISTORY_READ, "NULL::text")],
+        ),
+    ):
+        conn.execute(text)
+
+
+class CpuMeter:
+    """Per-call server CPU of one contender, gathered round by round beside its wall time."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.pid = backend_pid(conn)
+        self.rounds: dict[str, list[float]] = {}
+
+    def now(self) -> float | None:
+        return cpu_seconds(self.pid)
+
+    def add(self, key: str, seconds: float | None, n: int) -> None:
+        if seconds is not None:
+            self.rounds.setdefault(key, []).append(seconds / n)
+
+
+def cycle(
+    conn: psycopg.Connection[Any],
+    claim_fn: str,
+    release_fn: str,
+    split: dict[str, list[float]],
+    meter: CpuMeter,
+) -> Callable[[int], float]:
+    """Claim + release of one name, n times; claim and release timed apart (wall and CPU)."""
+    name, holder = unique("fn"), holder_id("fn")
+    claim_sql = f"SELECT {claim_fn}(%s, %s, %s)"
+    release_sql = f"SELECT {release_fn}(%s, %s)"
+
+    def run(n: int) -> float:
+        cur = conn.cursor()
+        claiming = releasing = 0.0
+        cpu_claim = cpu_release = 0.0
+        known = True
+        for _ in range(n):
+            c0 = meter.now()
+            t0 = clock()
+            cur.execute(claim_sql, (name, TTL, holder))
+            granted = cur.fetchone()
+            t1 = clock()
+            c1 = meter.now()
+            cur.execute(release_sql, (name, holder))
+            cur.fetchone()
+            t2 = clock()
+            c2 = meter.now()
+            if granted is None or granted[0] is None:
+                raise RuntimeError(f"bench: an uncontended {claim_fn} of {name!r} was refused")
+            claiming += t1 - t0
+            releasing += t2 - t1
+            if c0 is None or c1 is None or c2 is None:
+                known = False
+            else:
+                cpu_claim += c1 - c0
+                cpu_release += c2 - c1
+        split.setdefault("claim", []).append(claiming / n)
+        split.setdefault("release", []).append(releasing / n)
+        meter.add("claim", cpu_claim if known else None, n)
+        meter.add("release", cpu_release if known else None, n)
+        return claiming + releasing  # the CPU readings in between are not the cycle's
+
+    return run
+
+
+def single(
+    conn: psycopg.Connection[Any], statement: str, meter: CpuMeter
+) -> Callable[[int], float]:
+    def run(n: int) -> float:
+        cur = conn.cursor()
+        c0 = meter.now()
+        start = clock()
+        for _ in range(n):
+            cur.execute(statement)
+        elapsed = clock() - start
+        c1 = meter.now()
+        meter.add("call", None if c0 is None or c1 is None else c1 - c0, n)
+        return elapsed
+
+    return run
+
+
+def _median(values: list[float]) -> float:
+    return float(summary(values)["median"]) if values else float("nan")
+
+
+def bench_functions(ctx: Context) -> Section:
+    s = ctx.scale
+    section = Section(
+        "functions",
+        "9. Lease functions: cost over a plain UPDATE; the fence floor, counters and history",
+        header=[
+            "contender",
+            "claim: median [min..max]",
+            "release: median [min..max]",
+            "server CPU claim / release",
+        ],
+    )
+    labels = [DEFAULT, ALL, PLAIN, NOFLOOR]
+    splits: dict[str, dict[str, list[float]]] = {k: {} for k in labels}
+    singles = [COMMIT, COMMIT_NF, NOOP]
+    conns = {k: ctx.connect() for k in (*labels, *singles)}
+    try:
+        with conns[ALL].cursor() as cur:
+            cur.execute("SET pylease.history = 'all'")
+        with conns[COMMIT_NF].cursor() as cur:
+            cur.execute("SET synchronous_commit = off")
+        with ctx.connect() as setup:
+            install_variants(setup)
+        meters = {k: CpuMeter(c) for k, c in conns.items()}
+        functions = {
+            DEFAULT: ("lease_claim", "lease_release"),
+            ALL: ("lease_claim", "lease_release"),
+            PLAIN: ("bench_claim_plain", "bench_release_plain"),
+            NOFLOOR: ("bench_claim_nofloor", "lease_release"),
+        }
+        contenders = [
+            Contender(k, cycle(conns[k], *functions[k], splits[k], meters[k]), s.function_ops)
+            for k in labels
+        ]
+        contenders += [
+            Contender(COMMIT, single(conns[COMMIT], UPDATE, meters[COMMIT]), s.function_ops),
+            Contender(
+                COMMIT_NF, single(conns[COMMIT_NF], UPDATE, meters[COMMIT_NF]), s.function_ops
+            ),
+            Contender(
+                NOOP,
+                single(conns[NOOP], "SELECT bench_noop('x', '1 s', 'y')", meters[NOOP]),
+                s.function_ops,
+            ),
+        ]
+        result = interleave(contenders, s.function_rounds)
+    finally:
+        for c in conns.values():
+            c.close()
+
+    def wall(label: str, part: str) -> list[float]:
+        return splits[label][part][1:] or splits[label][part]  # drop the warm-up round
+
+    def cpu(label: str, part: str) -> list[float]:
+        values = meters[label].rounds.get(part, [])
+        return values[1:] or values
+
+    for label in labels:
+        cpu_text = (
+            f"{fmt_time(_median(cpu(label, 'claim')))} / {fmt_time(_median(cpu(label, 'release')))}"
+        )
+        section.rows.append(
+            [
+                label,
+                spread_text(summary(wall(label, "claim"))),
+                spread_text(summary(wall(label, "release"))),
+                cpu_text,
+            ]
+        )
+    for label in singles:
+        section.rows.append(
+            [label, spread_text(result.summary(label)), "", fmt_time(_median(cpu(label, "call")))]
+        )
+
+    commit, commit_nf, noop = (result.median(k) for k in singles)
+    claim, release = _median(wall(DEFAULT, "claim")), _median(wall(DEFAULT, "release"))
+    cpu_commit, cpu_commit_nf, cpu_noop = (_median(cpu(k, "call")) for k in singles)
+    cpu_claim, cpu_release = _median(cpu(DEFAULT, "claim")), _median(cpu(DEFAULT, "release"))
+
+    # Paired by round: neighbours in time share the noise.
+    def paired(a: list[float], b: list[float]) -> list[float]:
+        return [x - y for x, y in zip(a, b, strict=False)]
+
+    commits = result.per_op[COMMIT]
+    commits_nf = result.per_op[COMMIT_NF]
+    claim_extra = _median(paired(wall(DEFAULT, "claim"), commits))
+    release_extra = _median(paired(wall(DEFAULT, "release"), commits_nf))
+    floor_wall = _median(paired(wall(DEFAULT, "claim"), wall(NOFLOOR, "claim")))
+    floor_cpu = _median(paired(cpu(DEFAULT, "claim"), cpu(NOFLOOR, "claim")))
+
+    def cycle_rounds(label: str) -> list[float]:
+        return [c + r for c, r in zip(wall(label, "claim"), wall(label, "release"), strict=True)]
+
+    plain = cycle_rounds(PLAIN)
+    vs_default = [p / d for p, d in zip(plain, cycle_rounds(DEFAULT), strict=True)]
+    vs_all = [p / a for p, a in zip(plain, cycle_rounds(ALL), strict=True)]
+
+    section.targets += [
+        Target(
+            "9-claim",
+            "lease_claim over a one-row UPDATE commit (both flushed)",
+            "claim time - UPDATE commit time (median of paired rounds)",
+            goal=40e-6,
+            higher_is_better=False,
+            unit="us",
+            value=claim_extra,
+            detail=f"claim {fmt_time(claim)}, UPDATE commit {fmt_time(commit)}; server CPU "
+            f"{fmt_time(cpu_claim)} vs {fmt_time(cpu_commit)}",
+        ),
+        Target(
+            "9-release",
+            "lease_release over a one-row UPDATE commit (neither flushed)",
+            "release time - unflushed UPDATE commit time (median of paired rounds)",
+            goal=45e-6,
+            higher_is_better=False,
+            unit="us",
+            value=release_extra,
+            detail=f"release {fmt_time(release)}, UPDATE commit {fmt_time(commit_nf)}; server "
+            f"CPU {fmt_time(cpu_release)} vs {fmt_time(cpu_commit_nf)}",
+        ),
+        Target(
+            "9-history-default",
+            "Cycle with counters and 'rare' history vs without either",
+            "cycle time without / cycle time with (median of paired rounds)",
+            goal=0.97,
+            higher_is_better=True,
+            value=_median(vs_default),
+            detail=f"with {fmt_time(_median(cycle_rounds(DEFAULT)))}, without "
+            f"{fmt_time(_median(plain))}",
+        ),
+        Target(
+            "9-history-all",
+            "Cycle with counters and 'all' history vs without either",
+            "cycle time without / cycle time with (median of paired rounds)",
+            goal=0.9,
+            higher_is_better=True,
+            value=_median(vs_all),
+            detail=f"with {fmt_time(_median(cycle_rounds(ALL)))}, without "
+            f"{fmt_time(_median(plain))}",
+        ),
+    ]
+    section.notes += [
+        f"The fence's timeline floor costs {fmt_time(floor_wall)} a grant in wall time and "
+        f"{fmt_time(floor_cpu)} of server CPU (claims with it minus the same claims without it, "
+        "paired by round; a difference this small is within the rounds' spread, so read its "
+        "sign with care).",
+        f"Server CPU, which the neighbours' load moves much less than wall time: a claim "
+        f"{fmt_time(cpu_claim)} against {fmt_time(cpu_commit)} for the UPDATE commit "
+        f"({fmt_time(cpu_claim - cpu_commit)} more), a release {fmt_time(cpu_release)} against "
+        f"{fmt_time(cpu_commit_nf)} ({fmt_time(cpu_release - cpu_commit_nf)} more). "
+        f"A call of a PL/pgSQL function that does nothing, SECURITY DEFINER with its "
+        f"search_path pinned, costs {fmt_time(cpu_noop)} of server CPU and {fmt_time(noop)} "
+        "of wall time by itself.",
+        "What the lease functions do that the UPDATE does not, and why it stays: the pinned "
+        "search_path of a SECURITY DEFINER function (the contract's protection against "
+        "hijacking; the server sets and restores it on every call), the argument test (one "
+        "expression), the read that decides busy without a row lock (the busy path's whole "
+        "cost), a grant's second index entry (the fence is a key column so that lease_holds' "
+        "FOR KEY SHARE conflicts with every grant and with no renewal), the timeline floor, "
+        "the counters, and the release's NOTIFY (the contract's wake-up for waiters, whose "
+        "queue is written at commit).",
+    ]
+    section.data = {
+        "per_op_seconds": {k: result.summary(k) for k in result.labels},
+        "claim_seconds": {k: summary(wall(k, "claim")) for k in labels},
+        "release_seconds": {k: summary(wall(k, "release")) for k in labels},
+        "server_cpu_seconds": {
+            k: {part: summary(v[1:] or v) for part, v in meters[k].rounds.items()} for k in meters
+        },
+        "claim_extra_seconds": claim_extra,
+        "release_extra_seconds": release_extra,
+        "fence_floor_seconds": {"wall": floor_wall, "server_cpu": floor_cpu},
+        "history_ratio_rounds": {"default": vs_default, "all": vs_all},
+    }
+    return section
