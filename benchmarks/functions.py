@@ -20,6 +20,7 @@ import psycopg
 from benchmarks._core import Context, Section, Target, holder_id, unique
 from benchmarks._cpu import backend_pid, cpu_seconds
 from benchmarks._stats import Contender, clock, fmt_time, interleave, spread_text, summary
+from pylease._resources import data_dir
 
 TTL = timedelta(seconds=30)
 UPDATE = "UPDATE bench_floor SET n = n + 1 WHERE id = 1"
@@ -40,6 +41,13 @@ NOFLOOR = "cycle without the fence floor"
 COMMIT = "one-row UPDATE commit"
 COMMIT_NF = "one-row UPDATE commit, no WAL flush"
 NOOP = "no-op SECURITY DEFINER PL/pgSQL call"
+PREV = "cycle, 0003's functions"
+BUSY, BUSY_PREV = "busy claim", "busy claim, 0003's"
+EACH, EACH_PREV = "lease_renew_each of 10, no flush", "lease_renew_each of 10, no flush, 0003's"
+# Migration 0004 made the functions cheaper; its rollback holds 0003's definitions,
+# which the bench installs under its own names to measure before and after in one run.
+PREVIOUS = ("pylease-0004-faster.rollback.sql",
+            ("lease_claim", "lease_release", "lease_renew_each"))  # fmt: skip
 
 
 def _definition(conn: psycopg.Connection[Any], signature: str) -> str:
@@ -88,6 +96,24 @@ def install_variants(conn: psycopg.Connection[Any]) -> None:
         ),
     ):
         conn.execute(text)
+
+
+def install_previous(conn: psycopg.Connection[Any]) -> bool:
+    """0003's lease_claim, lease_release, lease_renew_each as bench_prev_*; False if gone."""
+    path = data_dir("migrations", "postgres") / PREVIOUS[0]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    for function in PREVIOUS[1]:
+        m = re.search(
+            r"CREATE OR REPLACE FUNCTION " + function + r"\(.*?\n\$\$;\n", text, flags=re.S
+        )
+        if m is None:
+            return False
+        copy = "bench_prev_" + function.removeprefix("lease_")
+        conn.execute(_variant(m.group(0), function, copy, []))
+    return True
 
 
 class CpuMeter:
@@ -184,38 +210,52 @@ def bench_functions(ctx: Context) -> Section:
             "server CPU claim / release",
         ],
     )
-    labels = [DEFAULT, ALL, PLAIN, NOFLOOR]
+    with ctx.connect() as setup:
+        install_variants(setup)
+        previous = install_previous(setup)
+        busy_name = unique("fn-busy")
+        setup.execute("SELECT lease_claim(%s, '1 hour', 'bench-owner')", (busy_name,))
+        each_names = [f"{busy_name}-{i}" for i in range(10)]
+        for n in each_names:
+            setup.execute("SELECT lease_claim(%s, '1 hour', 'bench-each')", (n,))
+    labels = [DEFAULT, ALL, PLAIN, NOFLOOR] + ([PREV] if previous else [])
     splits: dict[str, dict[str, list[float]]] = {k: {} for k in labels}
-    singles = [COMMIT, COMMIT_NF, NOOP]
+    singles = [COMMIT, COMMIT_NF, NOOP, BUSY, EACH] + ([BUSY_PREV, EACH_PREV] if previous else [])
     conns = {k: ctx.connect() for k in (*labels, *singles)}
     try:
         with conns[ALL].cursor() as cur:
             cur.execute("SET pylease.history = 'all'")
-        with conns[COMMIT_NF].cursor() as cur:
-            cur.execute("SET synchronous_commit = off")
-        with ctx.connect() as setup:
-            install_variants(setup)
+        for k in (COMMIT_NF, EACH, EACH_PREV):
+            if k in conns:
+                conns[k].execute("SET synchronous_commit = off")
         meters = {k: CpuMeter(c) for k, c in conns.items()}
         functions = {
             DEFAULT: ("lease_claim", "lease_release"),
             ALL: ("lease_claim", "lease_release"),
             PLAIN: ("bench_claim_plain", "bench_release_plain"),
             NOFLOOR: ("bench_claim_nofloor", "lease_release"),
+            PREV: ("bench_prev_claim", "bench_prev_release"),
+        }
+        arrays = (
+            "ARRAY[" + ", ".join(f"'{n}'" for n in each_names) + "]::text[], "
+            "array_fill('bench-each'::text, ARRAY[10]), array_fill('1 hour'::interval, ARRAY[10])"
+        )
+        statements = {
+            COMMIT: UPDATE,
+            COMMIT_NF: UPDATE,
+            NOOP: "SELECT bench_noop('x', '1 s', 'y')",
+            BUSY: f"SELECT lease_claim('{busy_name}', '30 s', 'bench-busy')",
+            BUSY_PREV: f"SELECT bench_prev_claim('{busy_name}', '30 s', 'bench-busy')",
+            EACH: f"SELECT count(*) FROM lease_renew_each({arrays})",
+            EACH_PREV: f"SELECT count(*) FROM bench_prev_renew_each({arrays})",
         }
         contenders = [
             Contender(k, cycle(conns[k], *functions[k], splits[k], meters[k]), s.function_ops)
             for k in labels
         ]
         contenders += [
-            Contender(COMMIT, single(conns[COMMIT], UPDATE, meters[COMMIT]), s.function_ops),
-            Contender(
-                COMMIT_NF, single(conns[COMMIT_NF], UPDATE, meters[COMMIT_NF]), s.function_ops
-            ),
-            Contender(
-                NOOP,
-                single(conns[NOOP], "SELECT bench_noop('x', '1 s', 'y')", meters[NOOP]),
-                s.function_ops,
-            ),
+            Contender(k, single(conns[k], statements[k], meters[k]), s.function_ops)
+            for k in singles
         ]
         result = interleave(contenders, s.function_rounds)
     finally:
@@ -246,9 +286,11 @@ def bench_functions(ctx: Context) -> Section:
             [label, spread_text(result.summary(label)), "", fmt_time(_median(cpu(label, "call")))]
         )
 
-    commit, commit_nf, noop = (result.median(k) for k in singles)
+    commit, commit_nf, noop = (result.median(k) for k in (COMMIT, COMMIT_NF, NOOP))
     claim, release = _median(wall(DEFAULT, "claim")), _median(wall(DEFAULT, "release"))
-    cpu_commit, cpu_commit_nf, cpu_noop = (_median(cpu(k, "call")) for k in singles)
+    cpu_commit, cpu_commit_nf, cpu_noop = (
+        _median(cpu(k, "call")) for k in (COMMIT, COMMIT_NF, NOOP)
+    )
     cpu_claim, cpu_release = _median(cpu(DEFAULT, "claim")), _median(cpu(DEFAULT, "release"))
 
     # Paired by round: neighbours in time share the noise.
@@ -268,6 +310,36 @@ def bench_functions(ctx: Context) -> Section:
     plain = cycle_rounds(PLAIN)
     vs_default = [p / d for p, d in zip(plain, cycle_rounds(DEFAULT), strict=True)]
     vs_all = [p / a for p, a in zip(plain, cycle_rounds(ALL), strict=True)]
+
+    if previous:
+        before_after = []
+        for what, old, new in (
+            ("lease_claim (grant)", (PREV, "claim"), (DEFAULT, "claim")),
+            ("lease_release", (PREV, "release"), (DEFAULT, "release")),
+            ("lease_claim (busy)", (BUSY_PREV, "call"), (BUSY, "call")),
+            ("lease_renew_each of 10", (EACH_PREV, "call"), (EACH, "call")),
+        ):
+
+            def walls(key: tuple[str, str]) -> list[float]:
+                return wall(*key) if key[1] != "call" else result.per_op[key[0]]
+
+            before_after.append(
+                [
+                    what,
+                    fmt_time(_median(walls(old))),
+                    fmt_time(_median(walls(new))),
+                    fmt_time(_median(paired(walls(new), walls(old)))),
+                    f"{fmt_time(_median(cpu(*old)))} / {fmt_time(_median(cpu(*new)))}",
+                ]
+            )
+        section.extra.append(
+            {
+                "title": "Before and after migration 0004, in the same run (0003's definitions "
+                "installed by the bench under its own names)",
+                "header": ["function", "0003", "0004", "change (paired)", "server CPU 0003 / 0004"],
+                "rows": before_after,
+            }
+        )
 
     section.targets += [
         Target(
