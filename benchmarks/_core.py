@@ -32,8 +32,8 @@ class Scale:
     contention_rounds: int = 3
     peer_ops: int = 200
     peer_rounds: int = 7
-    function_ops: int = 100  # section 9: cycles per round per contender (7 contenders)
-    function_rounds: int = 7
+    function_ops: int = 50  # section 9: short rounds, so that paired neighbours share the load
+    function_rounds: int = 25
 
 
 FULL = Scale()
