@@ -32,6 +32,8 @@ class Scale:
     contention_rounds: int = 3
     peer_ops: int = 200
     peer_rounds: int = 7
+    function_ops: int = 50  # section 9: short rounds, so that paired neighbours share the load
+    function_rounds: int = 25
 
 
 FULL = Scale()
@@ -53,10 +55,12 @@ SMOKE = Scale(
     contention_rounds=1,
     peer_ops=3,
     peer_rounds=2,
+    function_ops=5,
+    function_rounds=2,
 )
 
 
-UNITS = {"x": "x", "ms": " ms", "count": ""}
+UNITS = {"x": "x", "ms": " ms", "count": "", "us": " µs"}  # "us": values in seconds
 
 
 @dataclass
@@ -84,6 +88,8 @@ class Target:
         sign = "≥" if self.higher_is_better else "≤"
         if self.unit == "count":
             return f"= {self.goal:g}" if self.goal == 0 else f"{sign} {self.goal:g}"
+        if self.unit == "us":
+            return f"{sign} {self.goal * 1e6:g} µs"
         return f"{sign} {self.goal:g}{UNITS[self.unit]}"
 
     def value_text(self) -> str:
@@ -91,6 +97,8 @@ class Target:
             return "n/a"
         if self.unit == "count":
             return f"{self.value:.0f}"
+        if self.unit == "us":
+            return f"{self.value * 1e6:.0f} µs"
         return f"{self.value:.2f}{UNITS[self.unit]}"
 
     def as_json(self) -> dict[str, Any]:
@@ -146,7 +154,8 @@ class Context:
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """An autocommit connection, the way a lease is normally taken."""
         kwargs.setdefault("autocommit", True)
-        return psycopg.connect(self.dsn, application_name="pylease-bench", **kwargs)
+        kwargs.setdefault("application_name", "pylease-bench")
+        return psycopg.connect(self.dsn, **kwargs)
 
     def redis(self) -> Any:
         """A Redis client, or None (after saying why) when Redis or redis-py is absent."""

@@ -108,9 +108,10 @@ def dbname_of(dsn: str) -> str:
 def recreate(dsn: str, say: Callable[[str], None]) -> None:
     """Drop and create the database the DSN names, then migrate it: a clean slate per run."""
     name = dbname_of(dsn)
-    if not name.startswith("pylease_bench"):
+    if not (name.startswith("pylease_bench") or name.endswith("_bench")):
         raise SystemExit(
-            f"benchmarks: refusing to drop database {name!r}; --fresh only drops pylease_bench*"
+            f"benchmarks: refusing to drop database {name!r}; --fresh only drops"
+            " pylease_bench* and *_bench"
         )
     admin = with_dbname(dsn, "postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -180,6 +181,12 @@ def machine(conn: psycopg.Connection[Any], redis_client: Any) -> dict[str, Any]:
         row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
         settings[name] = row[0] if row else None
     version_row = conn.execute("SELECT version()").fetchone()
+    # The machine may be shared: how busy the server was with others when the run began.
+    others = conn.execute(
+        "SELECT count(*) FILTER (WHERE datname IS DISTINCT FROM current_database()),"
+        " count(*) FILTER (WHERE state = 'active' AND datname IS DISTINCT FROM current_database())"
+        " FROM pg_stat_activity WHERE backend_type = 'client backend'"
+    ).fetchone()
     info: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
@@ -192,6 +199,9 @@ def machine(conn: psycopg.Connection[Any], redis_client: Any) -> dict[str, Any]:
         "postgresql_settings": settings,
         "server": conninfo.conninfo_to_dict(conn.info.dsn).get("host"),
         "load_average_at_start": list(os.getloadavg()),
+        "other_sessions_at_start": {"connected": others[0], "active": others[1]}
+        if others
+        else None,
         "git_commit": _git_commit(),
         "packages": {
             d: _version(d)

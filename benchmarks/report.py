@@ -48,6 +48,12 @@ def machine_line(machine: dict[str, Any]) -> str:
         )
     if machine.get("git_commit"):
         parts.append(f"commit {machine['git_commit']}")
+    others = machine.get("other_sessions_at_start")
+    if others:
+        parts.append(
+            f"other databases' sessions on the server at start: {others['connected']} "
+            f"({others['active']} active)"
+        )
     return "; ".join(parts)
 
 

@@ -23,6 +23,8 @@ from benchmarks import report
 from benchmarks._core import FULL, SMOKE, Context, Section, Target
 from benchmarks._db import install_bench_schema, machine, recreate
 from benchmarks.contention import bench_contention
+from benchmarks.fleet import bench_fleet
+from benchmarks.functions import bench_functions
 from benchmarks.peers import bench_peers
 from benchmarks.python_level import bench_handover, bench_python
 from benchmarks.sql_level import bench_busy, bench_cycle, bench_heartbeat
@@ -40,6 +42,8 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "contention": bench_contention,
     "peers": bench_peers,
     "leader": __import__("benchmarks.leader", fromlist=["_"]).bench_leader,
+    "functions": bench_functions,
+    "fleet": bench_fleet,
 }
 
 
@@ -62,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--fresh",
         action="store_true",
-        help="drop, create and migrate the database first (its name must start with pylease_bench)",
+        help="drop, create and migrate the database first (named pylease_bench* or *_bench)",
     )
     p.add_argument("--only", default="", help=f"comma-separated sections of: {', '.join(SECTIONS)}")
     p.add_argument(

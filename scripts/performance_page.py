@@ -259,6 +259,10 @@ def render(results: dict[str, Any]) -> str:
 
 
 def _value(target: dict[str, Any]) -> str:
+    if target["value"] is None:
+        return "n/a"
+    if target["unit"] == "us":  # stored in seconds
+        return f"{target['value'] * 1e6:.0f} µs"
     if target["unit"] == "ms":
         return f"{target['value']:.2f} ms"
     if target["unit"] == "count":

@@ -22,7 +22,12 @@ from pylease.migrate import migrate, rollback
 Conn = psycopg.Connection[Any]
 HOUR = timedelta(hours=1)
 
-MIGRATIONS = ["pylease-0001-leases", "pylease-0002-safety", "pylease-0003-operations"]
+MIGRATIONS = [
+    "pylease-0001-leases",
+    "pylease-0002-safety",
+    "pylease-0003-operations",
+    "pylease-0004-faster",
+]
 FUNCTIONS = (
     "lease_claim",
     "lease_renew",
