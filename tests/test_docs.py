@@ -180,7 +180,10 @@ class World:
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("PYLEASE_", "PG", "XDG_")) and k != "DATABASE_URL"
+            if not k.startswith(("PYLEASE_", "PG", "XDG_"))
+            # Under `make test`, make's own variables would make a page's `make demo`
+            # print "Entering directory" lines that a reader's run does not.
+            and k not in ("DATABASE_URL", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
         }
         env.update(
             PYLEASE_DSN=self.dsn,

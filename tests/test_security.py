@@ -131,7 +131,8 @@ def test_an_execute_only_login_uses_every_api_but_cannot_steal_or_write(
     with keep_fresh(app, "cli", "me", ttl=60) as kept:
         assert kept.fence == int(claimed.stdout.split()[1])
     stolen = pylease_cli("steal", "cli", "--ttl", "1m", "--holder", "thief", env=env)
-    assert stolen.returncode == 3 and "permission denied" in stolen.stderr, stolen
+    assert stolen.returncode == 3 and "may not steal leases" in stolen.stderr, stolen
+    assert "GRANT EXECUTE ON FUNCTION" in stolen.stderr, stolen
     assert pylease_cli("release", "cli", "--holder", "me", env=env).returncode == 0
     rows = conn.execute(
         "SELECT name, holder, released FROM pylease_leases ORDER BY name"
