@@ -30,8 +30,8 @@ class Kind(enum.Enum):
 class Answer(enum.Enum):
     """How an operation's rows become its answer, when it is not a row class."""
 
-    #: The first value of the first row, or None without one (a fence, or NULL: busy).
-    FENCE = "fence"
+    #: The first value of the first row, or None without one (claim: a fence, or None: busy).
+    VALUE = "value"
     #: True when a row came back and its first value is true.
     FLAG = "flag"
     #: How many (PostgreSQL: the one value returned; SQLite: one row per thing affected).
@@ -39,7 +39,7 @@ class Answer(enum.Enum):
 
 
 READ, GRANT, WRITE = Kind.READ, Kind.GRANT, Kind.WRITE
-FENCE, FLAG, COUNT = Answer.FENCE, Answer.FLAG, Answer.COUNT
+VALUE, FLAG, COUNT = Answer.VALUE, Answer.FLAG, Answer.COUNT
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,11 +18,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pylease import _arguments, _validate
-from pylease._operation import COUNT, FENCE, FLAG, GRANT, READ, WRITE, Operation
+from pylease._operation import COUNT, FLAG, GRANT, READ, VALUE, WRITE, Operation
 from pylease._rows import CounterRow, LeaseEvent, LeaseRow, Renewal
 
 CLAIM = Operation(
-    "claim", GRANT, "SELECT lease_claim(%s, %s, %s)", ("name", "ttl_seconds", "holder"), FENCE
+    "claim", GRANT, "SELECT lease_claim(%s, %s, %s)", ("name", "ttl_seconds", "holder"), VALUE
 )
 RENEW = Operation(
     "renew", GRANT, "SELECT lease_renew(%s, %s, %s)", ("name", "holder", "ttl_seconds"), FLAG
@@ -54,7 +54,7 @@ STEAL = Operation(
     GRANT,
     "SELECT lease_steal(%s, %s, %s, %s)",
     ("name", "ttl_seconds", "holder", "older_than_seconds"),
-    FENCE,
+    VALUE,
 )
 HOLDS = Operation(
     "holds", READ, "SELECT lease_holds(%s, %s, %s)", ("name", "holder", "fence"), FLAG

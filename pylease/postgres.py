@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from pylease._operation import COUNT, FENCE, FLAG, GRANT, Operation
+from pylease._operation import COUNT, FLAG, GRANT, VALUE, Operation
 from pylease._operations import Operations
 from pylease._pg_errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease._pg_errors import wrap_errors as wrap_errors
@@ -39,7 +39,7 @@ class PostgresBackend(Operations):
         else:
             rows = self._rows(op, params, name)
         answer = op.answer
-        if answer is FENCE:
+        if answer is VALUE:
             return rows[0][0]
         if answer is FLAG:
             return bool(rows[0][0])

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pylease import _operations
 from pylease._backend import AsyncBackend, Backend, Renewal
-from pylease._operation import COUNT, FENCE, FLAG, GRANT, READ, Operation
+from pylease._operation import COUNT, FLAG, GRANT, READ, VALUE, Operation
 from pylease._operations import Operations
 from pylease._operations_async import AsyncOperations
 from pylease._resources import data_dir
@@ -133,8 +133,8 @@ class SqliteBackend(Operations):
         else:
             rows = self._write(op.name, named, name, durable=op.kind is GRANT)
         answer = op.answer
-        if answer is FENCE:
-            return int(rows[0][0]) if rows else None
+        if answer is VALUE:
+            return rows[0][0] if rows else None
         if answer is FLAG:
             return bool(rows) and bool(rows[0][0])
         if answer is COUNT:
