@@ -127,7 +127,7 @@ class SqliteBackend(Operations):
         special = _SPECIAL.get(op.name)
         if special is not None:
             return special(self, op, params)
-        named = {key: _value(v) for key, v in zip(op.sqlite, params, strict=True)}
+        named = _named(op, params)
         if op.kind is READ:
             rows = self._read(op.name, named, name)
         else:
@@ -143,17 +143,69 @@ class SqliteBackend(Operations):
             return rows
         assert isinstance(answer, type)
         convert = _converters(answer)
-        return [answer(*[f(v) for f, v in zip(convert, row, strict=True)]) for row in rows]
+        if not convert:
+            return [answer(*row) for row in rows]
+        result = []
+        for row in rows:
+            values = list(row)
+            for i, f in convert:
+                values[i] = f(values[i])
+            result.append(answer(*values))
+        return result
 
 
-def _value(value: Any) -> Any:
-    """A parameter as the SQLite files take it: seconds, unix seconds, JSON arrays."""
-    if isinstance(value, timedelta):
+def _seconds(span: timedelta) -> float:
+    return span.total_seconds()
+
+
+def _unix(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _jsonable(value: Any) -> Any:
+    # Called by the JSON encoder only for what JSON lacks: a list's strings cost nothing.
+    if type(value) is timedelta or isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, datetime):
         return value.timestamp()
-    if isinstance(value, list | tuple):
-        return json.dumps([_value(v) for v in value])
+    raise TypeError(f"pylease: cannot pass {type(value).__name__} to SQLite")
+
+
+def _json(values: Any) -> str:
+    return json.dumps(values, default=_jsonable)
+
+
+# How a parameter's value reaches the SQLite files: spans as seconds, times as unix
+# seconds, lists as JSON arrays; every other value as it is.
+_TO_SQLITE: dict[type[Any], Callable[[Any], Any]] = {
+    timedelta: _seconds,
+    datetime: _unix,
+    list: _json,
+    tuple: _json,
+}
+
+
+_PLAIN = frozenset((str, int, float, bytes, type(None)))
+
+
+def _named(op: Operation, params: tuple[Any, ...]) -> dict[str, Any]:
+    named = {}
+    for key, value in zip(op.sqlite, params, strict=True):
+        kind = type(value)
+        convert = _TO_SQLITE.get(kind)
+        if convert is not None:
+            value = convert(value)
+        elif kind not in _PLAIN:
+            value = _subclass_value(value)
+        named[key] = value
+    return named
+
+
+def _subclass_value(value: Any) -> Any:
+    # A subclass of timedelta or datetime (pendulum's, say), or a list's.
+    for base, convert in _TO_SQLITE.items():
+        if isinstance(value, base):
+            return convert(value)
     return value
 
 
@@ -165,31 +217,31 @@ def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else convert(value)
 
 
+# SQLite's numbers as a row class's field types (its INTEGERs are ints already).
 _BY_TYPE: dict[Any, Callable[[Any], Any]] = {
     datetime: _when,
     timedelta: _span,
     bool: bool,
-    int: int,
     datetime | None: _optional(_when),
     timedelta | None: _optional(_span),
 }
 
 
-_CONVERTERS: dict[type[Any], tuple[Callable[[Any], Any], ...]] = {}
+_CONVERTERS: dict[type[Any], tuple[tuple[int, Callable[[Any], Any]], ...]] = {}
 
 
-def _converters(row: type[Any]) -> tuple[Callable[[Any], Any], ...]:
-    """Per column of a row class: SQLite's value as the field's type (times from unix seconds)."""
+def _converters(row: type[Any]) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+    """The columns of a row class whose SQLite value needs converting to the field's type
+    (times from unix seconds, spans from seconds, ...), each with its conversion."""
     convert = _CONVERTERS.get(row)
     if convert is None:
         hints = typing.get_type_hints(row)
-        convert = tuple(_BY_TYPE.get(hints[f.name], _as_is) for f in dataclasses.fields(row))
+        fields = dataclasses.fields(row)
+        convert = tuple(
+            (i, _BY_TYPE[hints[f.name]]) for i, f in enumerate(fields) if hints[f.name] in _BY_TYPE
+        )
         _CONVERTERS[row] = convert
     return convert
-
-
-def _as_is(value: Any) -> Any:
-    return value
 
 
 def _renewals(
@@ -200,7 +252,7 @@ def _renewals(
     names, holders = params[0], params[1]
     if not names:
         return []
-    named = {key: _value(v) for key, v in zip(op.sqlite, params, strict=True)}
+    named = _named(op, params)
     renewed = {(row[0], row[1]): row for row in backend._write(op.name, named, None)}
     if op.name == "renew_many":
         return [(n, (n, h) in renewed) for n, h in zip(names, holders, strict=True)]
