@@ -164,7 +164,7 @@ def _unix(moment: datetime) -> float:
 
 def _jsonable(value: Any) -> Any:
     # Called by the JSON encoder only for what JSON lacks: a list's strings cost nothing.
-    if type(value) is timedelta or isinstance(value, timedelta):
+    if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, datetime):
         return value.timestamp()
