@@ -1,72 +1,19 @@
-"""Each operation's arguments, checked before any SQL runs: one check per operation,
-used by every backend, so PostgreSQL and SQLite refuse the same inputs the same way.
+"""The argument checks of the operations that take more than keys and spans (each
+operation's method in :mod:`pylease._operations_async` checks the rest with
+:mod:`pylease._validate`), run before any SQL on every backend.
 
-Each function returns the arguments as the SQL takes them (spans as ``timedelta``).
+Each function returns the argument as the SQL takes it (spans as ``timedelta``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from pylease import _validate
 from pylease.errors import InvalidArgument
 
 MAX_HISTORY_ROWS = 10_000
-
-
-def claim(name: object, ttl: object, holder: object) -> tuple[Any, ...]:
-    return (_validate.key("name", name), _validate.ttl(ttl), _validate.key("holder", holder))
-
-
-def renew(name: object, holder: object, ttl: object) -> tuple[Any, ...]:
-    span = None if ttl is None else _validate.ttl(ttl)
-    return (_validate.key("name", name), _validate.key("holder", holder), span)
-
-
-def renew_many(names: object, holders: object, ttl: object) -> tuple[Any, ...]:
-    span = None if ttl is None else _validate.ttl(ttl)
-    return (*_validate.key_lists(names, holders), span)
-
-
-def release(name: object, holder: object, min_hold: object) -> tuple[Any, ...]:
-    span = None if min_hold is None else _validate.span("min_hold", min_hold)
-    return (_validate.key("name", name), _validate.key("holder", holder), span)
-
-
-def steal(name: object, ttl: object, holder: object, older_than: object) -> tuple[Any, ...]:
-    return (
-        _validate.key("name", name),
-        _validate.ttl(ttl),
-        _validate.key("holder", holder),
-        _validate.span("older_than", older_than),
-    )
-
-
-def holds(name: object, holder: object, fence: object) -> tuple[Any, ...]:
-    return (_validate.key("name", name), _validate.key("holder", holder), _validate.fence(fence))
-
-
-def status(name: object) -> tuple[Any, ...]:
-    return (None if name is None else _validate.key("name", name),)
-
-
-def renew_each(names: object, holders: object, ttls: object) -> tuple[Any, ...]:
-    name_list, holder_list = _validate.key_lists(names, holders)
-    return (name_list, holder_list, ttl_list(ttls, len(name_list)))
-
-
-def history(name: object, since_: object, max_rows_: object) -> tuple[Any, ...]:
-    return (
-        None if name is None else _validate.key("name", name),
-        since(since_),
-        max_rows(max_rows_),
-    )
-
-
-def prune_history(older_than: object) -> tuple[Any, ...]:
-    return (_validate.span("older_than", older_than),)
 
 
 def ttl_list(ttls: object, count: int) -> list[timedelta | None]:

@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (source, generated): phase 1 the library, phase 2 the tests whose sync twin is the
 # async test without its awaits.
 PAIRS = [
+    ("pylease/_operations_async.py", "pylease/_operations.py"),
     ("pylease/_backend_async.py", "pylease/_backend.py"),
     ("pylease/_postgres_async.py", "pylease/postgres.py"),
     ("pylease/targets_async.py", "pylease/targets.py"),
@@ -58,6 +59,7 @@ PAIRS = [
 NAMES = {
     # modules
     "_backend_async": "_backend",
+    "_operations_async": "_operations",
     "_postgres_async": "postgres",
     "targets_async": "targets",
     "heartbeat_async": "heartbeat",
@@ -80,6 +82,7 @@ NAMES = {
     "AsyncObserver": "Observer",
     # the lease layer's classes
     "AsyncBackend": "Backend",
+    "AsyncOperations": "Operations",
     "AsyncPostgresBackend": "PostgresBackend",
     "AsyncSqliteBackend": "SqliteBackend",
     "AsyncSource": "Source",

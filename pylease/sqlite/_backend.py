@@ -3,35 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+import typing
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pylease import _arguments, _validate
-from pylease._backend import AsyncBackend, Backend, CounterRow, LeaseEvent, LeaseRow, Renewal
+from pylease import _operations
+from pylease._backend import AsyncBackend, Backend, Renewal
+from pylease._operation import COUNT, FLAG, GRANT, READ, VALUE, Operation
+from pylease._operations import Operations
+from pylease._operations_async import AsyncOperations
 from pylease._resources import data_dir
 from pylease.errors import DatabaseUnavailable, InvalidArgument
 from pylease.sqlite._connection import DEFAULT_BUSY_TIMEOUT
 from pylease.sqlite._errors import _errors, _where
 from pylease.sqlite._migrator import _SHARED_LOCK
 
-OPERATIONS = (
-    "claim",
-    "renew",
-    "renew_many",
-    "renew_each",
-    "release",
-    "steal",
-    "holds",
-    "status",
-    "counters",
-    "history",
-    "prune_history",
-)
+#: The operations' names, each the file ``sql/sqlite/<name>.sql``.
+OPERATIONS = tuple(op.name for op in _operations.OPERATIONS)
 
 #: The values of the history setting (the row 'history' of pylease_settings).
 HISTORY_SETTINGS = ("rare", "all", "none")
@@ -46,15 +40,11 @@ def _sql(operation: str) -> str:
 # Backends --------------------------------------------------------------------
 
 
-def _seconds(span: timedelta) -> float:
-    return span.total_seconds()
-
-
 def _when(unix_seconds: float) -> datetime:
     return datetime.fromtimestamp(unix_seconds, UTC)
 
 
-class SqliteBackend:
+class SqliteBackend(Operations):
     """Lease operations on one SQLite connection, with the semantics of the SQL API.
 
     Outside a transaction each write runs alone in ``BEGIN IMMEDIATE ... COMMIT``;
@@ -133,207 +123,165 @@ class SqliteBackend:
             if conn.in_transaction:
                 conn.execute("COMMIT")
 
-    def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        _validate.key("name", name)
-        ttl = _validate.ttl(ttl)
-        _validate.key("holder", holder)
-        params = {"name": name, "ttl_seconds": _seconds(ttl), "holder": holder}
-        rows = self._write("claim", params, name)
-        return int(rows[0][0]) if rows else None
-
-    def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        _validate.key("name", name)
-        _validate.key("holder", holder)
-        seconds = None if ttl is None else _seconds(_validate.ttl(ttl))
-        params = {"name": name, "holder": holder, "ttl_seconds": seconds}
-        return bool(self._write("renew", params, name))
-
-    def renew_many(
-        self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
-    ) -> list[tuple[str, bool]]:
-        name_list, holder_list = _validate.key_lists(names, holders)
-        seconds = None if ttl is None else _seconds(_validate.ttl(ttl))
-        if not name_list:
-            return []
-        params = {
-            "names": json.dumps(name_list),
-            "holders": json.dumps(holder_list),
-            "ttl_seconds": seconds,
-        }
-        renewed = {(row[0], row[1]) for row in self._write("renew_many", params, None)}
-        return [(n, (n, h) in renewed) for n, h in zip(name_list, holder_list, strict=True)]
-
-    def renew_each(
-        self,
-        names: Sequence[str],
-        holders: Sequence[str],
-        ttls: Sequence[timedelta | None],
-    ) -> list[Renewal]:
-        """Renew each lease with its own ttl (None: its last one), in one statement.
-
-        :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
-        """
-        name_list, holder_list = _validate.key_lists(names, holders)
-        ttl_list = _arguments.ttl_list(ttls, len(name_list))
-        if not name_list:
-            return []
-        params = {
-            "names": json.dumps(name_list),
-            "holders": json.dumps(holder_list),
-            "ttls": json.dumps([None if t is None else _seconds(t) for t in ttl_list]),
-        }
-        renewed = {(r[0], r[1]): r for r in self._write("renew_each", params, None)}
+    def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
+        special = _SPECIAL.get(op.name)
+        if special is not None:
+            return special(self, op, params)
+        named = _named(op, params)
+        if op.kind is READ:
+            rows = self._read(op.name, named, name)
+        else:
+            rows = self._write(op.name, named, name, durable=op.kind is GRANT)
+        answer = op.answer
+        if answer is VALUE:
+            return rows[0][0] if rows else None
+        if answer is FLAG:
+            return bool(rows) and bool(rows[0][0])
+        if answer is COUNT:
+            return len(rows)
+        if answer is tuple:
+            return rows
+        assert isinstance(answer, type)
+        convert = _converters(answer)
+        if not convert:
+            return [answer(*row) for row in rows]
         result = []
-        for n, h in zip(name_list, holder_list, strict=True):
-            row = renewed.get((n, h))
-            if row is None:
-                result.append(Renewal(n, False, None, None))
-            else:
-                result.append(Renewal(n, True, _when(row[2]), _when(row[3])))
+        for row in rows:
+            values = list(row)
+            for i, f in convert:
+                values[i] = f(values[i])
+            result.append(answer(*values))
         return result
 
-    def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
-        _validate.key("name", name)
-        _validate.key("holder", holder)
-        seconds = None if min_hold is None else _seconds(_validate.span("min_hold", min_hold))
-        params = {"name": name, "holder": holder, "min_hold_seconds": seconds}
-        return bool(self._write("release", params, name, durable=False))
 
-    def steal(
-        self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
-    ) -> int | None:
-        _validate.key("name", name)
-        ttl = _validate.ttl(ttl)
-        _validate.key("holder", holder)
-        older = _validate.span("older_than", older_than)
-        params = {
-            "name": name,
-            "ttl_seconds": _seconds(ttl),
-            "holder": holder,
-            "older_than_seconds": _seconds(older),
-        }
-        rows = self._write("steal", params, name)
-        return int(rows[0][0]) if rows else None
-
-    def holds(self, name: str, holder: str, fence: int) -> bool:
-        _validate.key("name", name)
-        _validate.key("holder", holder)
-        _validate.fence(fence)
-        rows = self._read("holds", {"name": name, "holder": holder, "fence": fence}, name)
-        return bool(rows[0][0])
-
-    def status(self, name: str | None = None) -> list[LeaseRow]:
-        if name is not None:
-            _validate.key("name", name)
-        return [
-            LeaseRow(
-                name=row[0],
-                holder=row[1],
-                fence=int(row[2]),
-                acquired_at=_when(row[3]),
-                renewed_at=_when(row[4]),
-                expires_at=_when(row[5]),
-                held=bool(row[6]),
-                state=row[7],
-                ttl=timedelta(seconds=row[8]),
-            )
-            for row in self._read("status", {"name": name}, name)
-        ]
-
-    def counters(self, name: str | None = None) -> list[CounterRow]:
-        """Per name (all when None): grants, takeovers, steals and releases."""
-        if name is not None:
-            _validate.key("name", name)
-        return [CounterRow(*row) for row in self._read("counters", {"name": name}, name)]
-
-    def history(
-        self,
-        name: str | None = None,
-        since: datetime | timedelta | None = None,
-        max_rows: int = 100,
-    ) -> list[LeaseEvent]:
-        """Recorded events, newest first (see :func:`set_history` for what is recorded).
-
-        :param since: an aware datetime, or a span back from now (SQLite's clock).
-        :raises InvalidArgument: a bad name, since, or max_rows outside 1..10,000.
-        """
-        if name is not None:
-            _validate.key("name", name)
-        after = _arguments.since(since)
-        params = {
-            "name": name,
-            "since": after.timestamp() if isinstance(after, datetime) else None,
-            "since_seconds": _seconds(after) if isinstance(after, timedelta) else None,
-            "max_rows": _arguments.max_rows(max_rows),
-        }
-        return [
-            LeaseEvent(_when(r[0]), r[1], r[2], r[3], int(r[4]), r[5])
-            for r in self._read("history", params, name)
-        ]
-
-    def prune_history(self, older_than: timedelta) -> int:
-        """Delete the events older than ``older_than``; returns how many."""
-        older = _validate.span("older_than", older_than)
-        return len(self._write("prune_history", {"older_than_seconds": _seconds(older)}, None))
+def _seconds(span: timedelta) -> float:
+    return span.total_seconds()
 
 
-class AsyncSqliteBackend:
+def _unix(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _jsonable(value: Any) -> Any:
+    # Called by the JSON encoder only for what JSON lacks: a list's strings cost nothing.
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, datetime):
+        return value.timestamp()
+    raise TypeError(f"pylease: cannot pass {type(value).__name__} to SQLite")
+
+
+def _json(values: Any) -> str:
+    return json.dumps(values, default=_jsonable)
+
+
+# How a parameter's value reaches the SQLite files: spans as seconds, times as unix
+# seconds, lists as JSON arrays; every other value as it is.
+_TO_SQLITE: dict[type[Any], Callable[[Any], Any]] = {
+    timedelta: _seconds,
+    datetime: _unix,
+    list: _json,
+    tuple: _json,
+}
+
+
+_PLAIN = frozenset((str, int, float, bytes, type(None)))
+
+
+def _named(op: Operation, params: tuple[Any, ...]) -> dict[str, Any]:
+    named = {}
+    for key, value in zip(op.sqlite, params, strict=True):
+        kind = type(value)
+        convert = _TO_SQLITE.get(kind)
+        if convert is not None:
+            value = convert(value)
+        elif kind not in _PLAIN:
+            value = _subclass_value(value)
+        named[key] = value
+    return named
+
+
+def _subclass_value(value: Any) -> Any:
+    # A subclass of timedelta or datetime (pendulum's, say), or a list's.
+    for base, convert in _TO_SQLITE.items():
+        if isinstance(value, base):
+            return convert(value)
+    return value
+
+
+def _span(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
+
+
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+# SQLite's numbers as a row class's field types (its INTEGERs are ints already).
+_BY_TYPE: dict[Any, Callable[[Any], Any]] = {
+    datetime: _when,
+    timedelta: _span,
+    bool: bool,
+    datetime | None: _optional(_when),
+    timedelta | None: _optional(_span),
+}
+
+
+_CONVERTERS: dict[type[Any], tuple[tuple[int, Callable[[Any], Any]], ...]] = {}
+
+
+def _converters(row: type[Any]) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+    """The columns of a row class whose SQLite value needs converting to the field's type
+    (times from unix seconds, spans from seconds, ...), each with its conversion."""
+    convert = _CONVERTERS.get(row)
+    if convert is None:
+        hints = typing.get_type_hints(row)
+        fields = dataclasses.fields(row)
+        convert = tuple(
+            (i, _BY_TYPE[hints[f.name]]) for i, f in enumerate(fields) if hints[f.name] in _BY_TYPE
+        )
+        _CONVERTERS[row] = convert
+    return convert
+
+
+def _renewals(
+    backend: SqliteBackend, op: Operation, params: tuple[Any, ...]
+) -> list[tuple[str, bool]] | list[Renewal]:
+    """``renew_many``/``renew_each``: the files answer only for the leases renewed; the
+    backends answer for each lease asked for, in order."""
+    names, holders = params[0], params[1]
+    if not names:
+        return []
+    named = _named(op, params)
+    renewed = {(row[0], row[1]): row for row in backend._write(op.name, named, None)}
+    if op.name == "renew_many":
+        return [(n, (n, h) in renewed) for n, h in zip(names, holders, strict=True)]
+    result = []
+    for n, h in zip(names, holders, strict=True):
+        row = renewed.get((n, h))
+        if row is None:
+            result.append(Renewal(n, False, None, None))
+        else:
+            result.append(Renewal(n, True, _when(row[2]), _when(row[3])))
+    return result
+
+
+# The operations whose SQLite file answers otherwise than the PostgreSQL function.
+_SPECIAL: dict[str, Callable[[SqliteBackend, Operation, tuple[Any, ...]], Any]] = {
+    "renew_many": _renewals,
+    "renew_each": _renewals,
+}
+
+
+class AsyncSqliteBackend(AsyncOperations):
     """The same operations, awaitable: each runs in a worker thread (``asyncio.to_thread``)."""
 
     def __init__(self, conn: sqlite3.Connection | SqliteBackend) -> None:
         self.sync = conn if isinstance(conn, SqliteBackend) else SqliteBackend(conn)
         self.conn = self.sync.conn
 
-    async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        return await asyncio.to_thread(self.sync.claim, name, ttl, holder)
-
-    async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
-        return await asyncio.to_thread(self.sync.renew, name, holder, ttl)
-
-    async def renew_many(
-        self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
-    ) -> list[tuple[str, bool]]:
-        return await asyncio.to_thread(self.sync.renew_many, names, holders, ttl)
-
-    async def renew_each(
-        self,
-        names: Sequence[str],
-        holders: Sequence[str],
-        ttls: Sequence[timedelta | None],
-    ) -> list[Renewal]:
-        """Renew each lease with its own ttl (None: its last one), in one statement."""
-        return await asyncio.to_thread(self.sync.renew_each, names, holders, ttls)
-
-    async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
-        return await asyncio.to_thread(self.sync.release, name, holder, min_hold)
-
-    async def steal(
-        self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
-    ) -> int | None:
-        return await asyncio.to_thread(self.sync.steal, name, ttl, holder, older_than)
-
-    async def holds(self, name: str, holder: str, fence: int) -> bool:
-        return await asyncio.to_thread(self.sync.holds, name, holder, fence)
-
-    async def status(self, name: str | None = None) -> list[LeaseRow]:
-        return await asyncio.to_thread(self.sync.status, name)
-
-    async def counters(self, name: str | None = None) -> list[CounterRow]:
-        """Per name (all when None): grants, takeovers, steals and releases."""
-        return await asyncio.to_thread(self.sync.counters, name)
-
-    async def history(
-        self,
-        name: str | None = None,
-        since: datetime | timedelta | None = None,
-        max_rows: int = 100,
-    ) -> list[LeaseEvent]:
-        """Recorded events, newest first."""
-        return await asyncio.to_thread(self.sync.history, name, since, max_rows)
-
-    async def prune_history(self, older_than: timedelta) -> int:
-        """Delete the events older than ``older_than``; returns how many."""
-        return await asyncio.to_thread(self.sync.prune_history, older_than)
+    async def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
+        return await asyncio.to_thread(self.sync._call, op, params, name)
 
 
 def set_history(conn: sqlite3.Connection, setting: str) -> None:
