@@ -16,14 +16,17 @@ steps, or passes ``on_lost`` to be told at once.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pylease import _waiting as waiting
 from pylease._acompat import monotonic, sleep
 from pylease._backend import Backend
 from pylease._lease_core import (
+    JITTER,
     POLL_LISTENING,
     POLL_NOT_LISTENING,
     SQLITE_FIRST_POLL,
@@ -40,9 +43,10 @@ from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._ticket import Ticket
-from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
+from pylease._waiting import Waiter
+from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
 from pylease.heartbeat import keeper
-from pylease.targets import Link, Listener, ListenerLost, link
+from pylease.targets import Link, link
 from pylease.targets import check as check_target
 
 T = TypeVar("T")
@@ -54,9 +58,13 @@ LostCallback = Callable[[LeaseLost], object]
 def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
-    With ``wait``, a busy first attempt starts a LISTEN, then tries again at once (a
-    release between the two attempts is not missed), then retries on every
-    notification naming this lease, on the poll interval, and at the holder's expiry.
+    With ``wait``, a busy first attempt queues the waiter on the process's listener
+    for this database (:mod:`pylease._waiting`), which LISTENs before the waiter
+    claims again (a release between the two is not missed). The first waiter of a name
+    in the process retries on every notification naming it, on the poll interval and
+    at the holder's expiry; the others wait their turn. Once the database has answered,
+    an unreachable or read-only server (a failover) is retried with backoff until the
+    wait's deadline, not raised at once.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -66,46 +74,73 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
     def status(b: Backend) -> list[Any]:
         return b.status(name)
 
+    conninfo = None if link_.sqlite or opts.wait <= 0 else link_.listen_conninfo
+    seen = None if conninfo is None else waiting.mark(conninfo)
     start = sent_at = monotonic()
     fence = link_.run(claim, name=name, retry=True)
     if fence is not None:
         return fence, sent_at
     if opts.wait <= 0:
-        current = current_holder(link_.run(status, name=name))[0] if want_holder else None
-        raise LeaseBusy(name, holder=current, waited=0.0)
+        holding = current_holder(link_.run(status, name=name))[0] if want_holder else None
+        raise LeaseBusy(name, holder=holding, waited=0.0)
 
     deadline = start + opts.wait
-    listener: Listener | None = None if link_.sqlite else link_.listen(name)
+    waiter: Waiter | None = None
+    retry = True
+    if conninfo is not None:
+        waiter, retry = waiting.enter(conninfo, name, seen)
+    granted = False
     backoff = SQLITE_FIRST_POLL if link_.sqlite else 0.01
+    outage = waiting.FIRST_OUTAGE
+    current: str | None = None
+    expires_at: datetime | None = None
     try:
         while True:
-            sent_at = monotonic()
-            fence = link_.run(claim, name=name, retry=True)
-            if fence is not None:
-                return fence, sent_at
-            current, expires_at = current_holder(link_.run(status, name=name))
+            head = waiter is None or waiter.head
+            if retry:
+                try:
+                    sent_at = monotonic()
+                    fence = link_.run(claim, name=name, retry=True)
+                    if fence is not None:
+                        granted = True
+                        return fence, sent_at
+                    if head or (want_holder and monotonic() >= deadline):
+                        current, expires_at = current_holder(link_.run(status, name=name))
+                except DatabaseUnavailable:
+                    # A failover, a restart: the wait rides it out until its deadline.
+                    if monotonic() + outage >= deadline:
+                        raise
+                    sleep(outage * random.uniform(1 - JITTER, 1 + JITTER))
+                    outage = min(outage * 2, waiting.MAX_OUTAGE)
+                    continue
+                outage = waiting.FIRST_OUTAGE
             now = monotonic()
             if now >= deadline:
+                if not retry:
+                    retry = True  # one last claim before giving up
+                    continue
                 raise LeaseBusy(name, holder=current, waited=now - start)
+            if not head:
+                # Not first in line: the head claims for this process; wait our turn.
+                assert waiter is not None
+                retry = waiter.sleep(deadline - now)
+                continue
             if link_.sqlite:
                 poll = opts.poll_interval or backoff
                 backoff = min(backoff * 1.5, SQLITE_MAX_POLL)
             else:
-                poll = opts.poll_interval or (
-                    POLL_LISTENING if listener is not None else POLL_NOT_LISTENING
-                )
+                listening = waiter is not None and waiter.listening
+                poll = opts.poll_interval or (POLL_LISTENING if listening else POLL_NOT_LISTENING)
                 backoff = min(backoff * 2, 1.0)
             pause = next_pause(expires_at, poll, deadline - now, backoff)
-            if listener is None:
+            if waiter is None:
                 sleep(pause)
-                continue
-            try:
-                listener.wait(name, pause)
-            except ListenerLost:
-                listener = None
+                retry = True
+            else:
+                retry = waiter.sleep(pause)
     finally:
-        if listener is not None:
-            listener.close()
+        if waiter is not None:
+            waiting.leave(waiter, granted=granted)
 
 
 def release(

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pylease import _waiting_async as waiting
 from pylease._acompat import asleep, monotonic
 from pylease._backend_async import AsyncBackend
 from pylease._lease_core import (
+    JITTER,
     POLL_LISTENING,
     POLL_NOT_LISTENING,
     SQLITE_FIRST_POLL,
@@ -42,9 +45,10 @@ from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
 from pylease._ticket import AsyncTicket
-from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
+from pylease._waiting_async import AsyncWaiter
+from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
 from pylease.heartbeat_async import keeper
-from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
+from pylease.targets_async import AsyncLink, link
 from pylease.targets_async import check as check_target
 
 T = TypeVar("T")
@@ -58,9 +62,13 @@ async def acquire(
 ) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
-    With ``wait``, a busy first attempt starts a LISTEN, then tries again at once (a
-    release between the two attempts is not missed), then retries on every
-    notification naming this lease, on the poll interval, and at the holder's expiry.
+    With ``wait``, a busy first attempt queues the waiter on the process's listener
+    for this database (:mod:`pylease._waiting_async`), which LISTENs before the waiter
+    claims again (a release between the two is not missed). The first waiter of a name
+    in the process retries on every notification naming it, on the poll interval and
+    at the holder's expiry; the others wait their turn. Once the database has answered,
+    an unreachable or read-only server (a failover) is retried with backoff until the
+    wait's deadline, not raised at once.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -70,46 +78,73 @@ async def acquire(
     async def status(b: AsyncBackend) -> list[Any]:
         return await b.status(name)
 
+    conninfo = None if link_.sqlite or opts.wait <= 0 else link_.listen_conninfo
+    seen = None if conninfo is None else waiting.mark(conninfo)
     start = sent_at = monotonic()
     fence = await link_.run(claim, name=name, retry=True)
     if fence is not None:
         return fence, sent_at
     if opts.wait <= 0:
-        current = current_holder(await link_.run(status, name=name))[0] if want_holder else None
-        raise LeaseBusy(name, holder=current, waited=0.0)
+        holding = current_holder(await link_.run(status, name=name))[0] if want_holder else None
+        raise LeaseBusy(name, holder=holding, waited=0.0)
 
     deadline = start + opts.wait
-    listener: AsyncListener | None = None if link_.sqlite else await link_.listen(name)
+    waiter: AsyncWaiter | None = None
+    retry = True
+    if conninfo is not None:
+        waiter, retry = await waiting.enter(conninfo, name, seen)
+    granted = False
     backoff = SQLITE_FIRST_POLL if link_.sqlite else 0.01
+    outage = waiting.FIRST_OUTAGE
+    current: str | None = None
+    expires_at: datetime | None = None
     try:
         while True:
-            sent_at = monotonic()
-            fence = await link_.run(claim, name=name, retry=True)
-            if fence is not None:
-                return fence, sent_at
-            current, expires_at = current_holder(await link_.run(status, name=name))
+            head = waiter is None or waiter.head
+            if retry:
+                try:
+                    sent_at = monotonic()
+                    fence = await link_.run(claim, name=name, retry=True)
+                    if fence is not None:
+                        granted = True
+                        return fence, sent_at
+                    if head or (want_holder and monotonic() >= deadline):
+                        current, expires_at = current_holder(await link_.run(status, name=name))
+                except DatabaseUnavailable:
+                    # A failover, a restart: the wait rides it out until its deadline.
+                    if monotonic() + outage >= deadline:
+                        raise
+                    await asleep(outage * random.uniform(1 - JITTER, 1 + JITTER))
+                    outage = min(outage * 2, waiting.MAX_OUTAGE)
+                    continue
+                outage = waiting.FIRST_OUTAGE
             now = monotonic()
             if now >= deadline:
+                if not retry:
+                    retry = True  # one last claim before giving up
+                    continue
                 raise LeaseBusy(name, holder=current, waited=now - start)
+            if not head:
+                # Not first in line: the head claims for this process; wait our turn.
+                assert waiter is not None
+                retry = await waiter.sleep(deadline - now)
+                continue
             if link_.sqlite:
                 poll = opts.poll_interval or backoff
                 backoff = min(backoff * 1.5, SQLITE_MAX_POLL)
             else:
-                poll = opts.poll_interval or (
-                    POLL_LISTENING if listener is not None else POLL_NOT_LISTENING
-                )
+                listening = waiter is not None and waiter.listening
+                poll = opts.poll_interval or (POLL_LISTENING if listening else POLL_NOT_LISTENING)
                 backoff = min(backoff * 2, 1.0)
             pause = next_pause(expires_at, poll, deadline - now, backoff)
-            if listener is None:
+            if waiter is None:
                 await asleep(pause)
-                continue
-            try:
-                await listener.wait(name, pause)
-            except ListenerLost:
-                listener = None
+                retry = True
+            else:
+                retry = await waiter.sleep(pause)
     finally:
-        if listener is not None:
-            await listener.close()
+        if waiter is not None:
+            waiting.leave(waiter, granted=granted)
 
 
 async def release(
