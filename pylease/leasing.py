@@ -108,7 +108,8 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
                         current, expires_at = current_holder(link_.run(status, name=name))
                 except DatabaseUnavailable:
                     # A failover, a restart: the wait rides it out until its deadline.
-                    if monotonic() + outage >= deadline:
+                    # (A SQLite file locked past its busy timeout is no failover.)
+                    if link_.sqlite or monotonic() + outage >= deadline:
                         raise
                     sleep(outage * random.uniform(1 - JITTER, 1 + JITTER))
                     outage = min(outage * 2, waiting.MAX_OUTAGE)

@@ -112,7 +112,8 @@ async def acquire(
                         current, expires_at = current_holder(await link_.run(status, name=name))
                 except DatabaseUnavailable:
                     # A failover, a restart: the wait rides it out until its deadline.
-                    if monotonic() + outage >= deadline:
+                    # (A SQLite file locked past its busy timeout is no failover.)
+                    if link_.sqlite or monotonic() + outage >= deadline:
                         raise
                     await asleep(outage * random.uniform(1 - JITTER, 1 + JITTER))
                     outage = min(outage * 2, waiting.MAX_OUTAGE)
