@@ -13,6 +13,14 @@ its place when it leaves, with the lease (it waits for the next notification) or
 without it (it claims at once). So a release costs one claim per waiting process,
 not one per waiting thread.
 
+Across processes, a release still wakes one claim per waiting process unless the
+schema has the queue of waiting processes (migration 0005): then the head of each
+process queues its process in ``pylease_waiters`` (:func:`join_queue`), and only the
+process at the head of that queue claims on a release; leaving it wakes the next
+process with ``NOTIFY pylease_waiters``. The others claim only on their poll
+interval, the safety net for a queued process that vanished (its row expires,
+since it is refreshed only while its process waits).
+
 When the listener's connection is lost, every head is woken to claim once and
 polls until the reader has LISTENed again (with backoff); a release missed
 meanwhile is found by that claim. Behind a pooler in transaction mode, where
@@ -24,17 +32,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
 import weakref
 from collections import deque
-from typing import Any
+from datetime import timedelta
+from typing import Any, LiteralString
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from pylease._acompat import AEvent, ALock, AMutex, AWorker, asleep, aspawn, monotonic
+from pylease._backend_async import AsyncBackend
 from pylease._conninfo import CHANNEL, LISTEN_APP, own_conninfo
+from pylease._lease_core import default_holder
+from pylease._postgres_async import AsyncPostgresBackend, wrap_errors
+from pylease.errors import PyleaseError, SchemaMissing
+from pylease.targets_async import AsyncLink
 
 logger = logging.getLogger("pylease")
 
@@ -50,6 +66,12 @@ MAX_RELISTEN = 5.0
 # after this pause (jittered), doubling up to MAX_OUTAGE, until its wait's deadline.
 FIRST_OUTAGE = 0.05
 MAX_OUTAGE = 1.0
+# A process's row in the queue of waiting processes expires this long after it was
+# last refreshed; it is refreshed every third of that while the process waits.
+WAITER_TTL = 30.0
+QUEUE_CHANNEL = "pylease_waiters"
+WAIT: LiteralString = "SELECT lease_wait(%s, %s, %s)"
+UNWAIT: LiteralString = "SELECT lease_unwait(%s, %s, %s)"
 
 # Guards every hub's queues and state: changed without awaiting in between.
 _mutex = AMutex()
@@ -68,6 +90,10 @@ class AsyncWaiter:
         # Set with the event when the waiter should claim (a release, a lost
         # listener), left unset when it only became the head.
         self._retry = False
+        # For the head: its process's place in the queue of waiting processes. None:
+        # not queued there; False: queued behind another process; True: first.
+        self.db_head: bool | None = None
+        self.refresh_at = 0.0
 
     @property
     def head(self) -> bool:
@@ -80,6 +106,17 @@ class AsyncWaiter:
     def listening(self) -> bool:
         """True while the shared listener is LISTENing."""
         return self.hub.conn is not None
+
+    @property
+    def join_due(self) -> bool:
+        """True when the head should queue its process, or refresh its row."""
+        return self.hub.db_queue and (self.db_head is None or monotonic() >= self.refresh_at)
+
+    @property
+    def behind(self) -> bool:
+        """True while another process is ahead of this one in the queue of waiting
+        processes, and the listener would tell when that changes."""
+        return self.db_head is False and self.hub.conn is not None
 
     def wake(self, retry: bool) -> None:
         """Called with the mutex held."""
@@ -110,6 +147,10 @@ class AsyncHub:
         self.worker: AWorker | None = None
         self.idle_since = monotonic()
         self._open_lock = ALock()
+        # This process in the queue of waiting processes; False once the schema is
+        # found to lack it (before migration 0005).
+        self.token = default_holder()
+        self.db_queue = True
 
     async def start(self) -> None:
         """LISTEN now (once), so that no release after this call goes unheard."""
@@ -121,7 +162,8 @@ class AsyncHub:
             except psycopg.Error as exc:
                 logger.info("pylease: cannot LISTEN, waiters poll until it works: %s", exc)
             else:
-                self._listening(conn)
+                # The waiters queued meanwhile claim after this (see enter()).
+                self._listening(conn, wake=False)
             self.worker = aspawn(self._run, name="pylease-listen")
 
     async def _open(self) -> psycopg.AsyncConnection[Any]:
@@ -130,28 +172,47 @@ class AsyncHub:
         )
         try:
             await conn.execute("LISTEN " + CHANNEL)
+            await conn.execute("LISTEN " + QUEUE_CHANNEL)
         except BaseException:
             await conn.close()
             raise
         return conn
 
-    def _listening(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def _listening(self, conn: psycopg.AsyncConnection[Any], *, wake: bool = True) -> None:
         with _mutex:
             self.conn = conn
             self.epoch += 1
-            # A release may have gone unheard while nobody listened.
-            self._wake_heads()
+            if wake:
+                # A release may have gone unheard while nobody listened.
+                self._wake_heads()
 
     def _wake_heads(self) -> None:
         """Called with the mutex held."""
         for queue in self.queues.values():
             queue[0].wake(retry=True)
 
-    def _dispatch(self, name: str) -> None:
+    def _dispatch(self, channel: str, payload: str) -> None:
         with _mutex:
             self.heard += 1
-            queue = self.queues.get(name)
-            if queue:
+            if channel == QUEUE_CHANNEL:
+                # {"name": ..., "waiter": ..., "claim": ...}: the process now first
+                # in line, and whether to claim at once (the one before left without
+                # the lease) or on the next release (it left with it; notifications
+                # come in commit order, so that release's comes after this one).
+                try:
+                    turn = json.loads(payload)
+                    name, waiter, claim = str(turn["name"]), turn["waiter"], bool(turn["claim"])
+                except (ValueError, KeyError, TypeError):
+                    return
+                queue = self.queues.get(name)
+                if waiter == self.token and queue:
+                    queue[0].db_head = True
+                    queue[0].wake(retry=claim)
+                return
+            queue = self.queues.get(payload)
+            # A process behind another in the queue of waiting processes leaves
+            # this release to the one ahead.
+            if queue and queue[0].db_head is not False:
                 queue[0].wake(retry=True)
 
     def _done(self) -> bool:
@@ -185,7 +246,7 @@ class AsyncHub:
                     continue
                 try:
                     async for notify in conn.notifies(timeout=TICK):
-                        self._dispatch(notify.payload)
+                        self._dispatch(notify.channel, notify.payload)
                 except psycopg.Error as exc:
                     logger.info("pylease: the LISTEN connection was lost, waiters poll: %s", exc)
                     with _mutex:
@@ -203,6 +264,50 @@ async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
     # Closing a broken connection: nothing is left to tell.
     with contextlib.suppress(psycopg.Error):
         await conn.close()
+
+
+async def _call(b: AsyncBackend, query: LiteralString, params: tuple[Any, ...], name: str) -> Any:
+    assert isinstance(b, AsyncPostgresBackend)
+    with wrap_errors(name):
+        async with b.conn.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(query, params)
+            row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def join_queue(link_: AsyncLink, waiter: AsyncWaiter) -> None:
+    """Queue the head's process in the queue of waiting processes, or refresh its row."""
+    hub, name = waiter.hub, waiter.name
+    if not hub.db_queue:
+        return
+    ttl = timedelta(seconds=WAITER_TTL)
+    try:
+        first = await link_.run(
+            lambda b: _call(b, WAIT, (name, hub.token, ttl), name), name=name, retry=True
+        )
+    except SchemaMissing:
+        # Before migration 0005: every waiting process claims on a release.
+        logger.info("pylease: no queue of waiting processes in this schema (migration 0005)")
+        hub.db_queue = False
+        return
+    with _mutex:
+        # A NOTIFY naming this process may have come while the answer was on its way.
+        waiter.db_head = bool(first) or bool(waiter.db_head)
+        waiter.refresh_at = monotonic() + WAITER_TTL / 3
+
+
+async def leave_queue(link_: AsyncLink, waiter: AsyncWaiter, *, granted: bool) -> None:
+    """Take the process out of the queue of waiting processes, waking the next one."""
+    if waiter.db_head is None:
+        return
+    hub, name = waiter.hub, waiter.name
+    waiter.db_head = None
+    try:
+        await link_.run(lambda b: _call(b, UNWAIT, (name, hub.token, granted), name), name=name)
+    except PyleaseError as exc:
+        # Its row expires by itself: the next process only waits a little longer.
+        logger.info("pylease: could not leave the queue of waiters of %r: %s", name, exc)
 
 
 def mark(conninfo: str) -> Mark | None:

@@ -101,8 +101,19 @@ async def acquire(
     try:
         while True:
             head = waiter is None or waiter.head
-            if retry:
+            # The head speaks for its process in the queue of waiting processes.
+            join = waiter is not None and head and waiter.join_due
+            if join or retry:
                 try:
+                    if join:
+                        assert waiter is not None
+                        joined = waiter.db_head is None
+                        await waiting.join_queue(link_, waiter)
+                        if joined and waiter.behind:
+                            # Another process is first in line: its claim, not ours.
+                            retry = False
+                    if not retry:
+                        continue
                     sent_at = monotonic()
                     fence = await link_.run(claim, name=name, retry=True)
                     if fence is not None:
@@ -137,7 +148,14 @@ async def acquire(
                 listening = waiter is not None and waiter.listening
                 poll = opts.poll_interval or (POLL_LISTENING if listening else POLL_NOT_LISTENING)
                 backoff = min(backoff * 2, 1.0)
-            pause = next_pause(expires_at, poll, deadline - now, backoff)
+            if waiter is not None and waiter.behind:
+                # The process first in line wakes at the holder's expiry; this one
+                # polls, in case that process vanished.
+                pause = next_pause(None, poll, deadline - now, backoff)
+            else:
+                pause = next_pause(expires_at, poll, deadline - now, backoff)
+            if waiter is not None and waiter.db_head is not None:
+                pause = min(pause, max(waiter.refresh_at - now, 0.0))
             if waiter is None:
                 await asleep(pause)
                 retry = True
@@ -145,6 +163,7 @@ async def acquire(
                 retry = await waiter.sleep(pause)
     finally:
         if waiter is not None:
+            await waiting.leave_queue(link_, waiter, granted=granted)
             waiting.leave(waiter, granted=granted)
 
 

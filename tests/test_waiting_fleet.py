@@ -9,6 +9,9 @@ Async twins in test_waiting_fleet_async.py.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -164,3 +167,49 @@ def test_waiters_get_the_lease_when_their_listener_is_lost(dsn: str, conn: Conn)
     join(threads)
     assert [r for r in results if not isinstance(r, int)] == []
     assert len(set(results)) == 20
+
+
+WAITING_PROCESS = """
+import os, sys
+from pylease import lease
+with lease(sys.argv[1], "job", ttl=60, wait=60) as held:
+    print(os.getpid(), held.fence, flush=True)
+"""
+
+
+def test_a_release_wakes_one_waiting_process_and_processes_take_turns(dsn: str, conn: Conn) -> None:
+    # Eight processes wait for one name: each queues itself in pylease_waiters, and
+    # only the first in line claims on a release, where all eight used to.
+    track_functions(conn)
+    claim(conn, "job", ttl="60s")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", WAITING_PROCESS, dsn],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        for _ in range(8)
+    ]
+
+    def queued() -> list[int]:
+        rows = conn.execute("SELECT waiter FROM pylease_waiters WHERE name = 'job' ORDER BY id")
+        return [int(r[0].split(":")[1]) for r in rows]
+
+    try:
+        assert wait_until(lambda: len(queued()) == 8, BOUND)
+        line = queued()
+        release(conn, "job")
+        outputs = [p.communicate(timeout=BOUND)[0] for p in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [p.returncode for p in processes] == [0] * 8
+    grants = sorted((int(f), int(pid)) for pid, f in (o.split() for o in outputs))
+    # Granted in the order they queued: nobody else claimed the free name.
+    assert [pid for _fence, pid in grants] == line
+    assert queued() == []
+    assert wait_until(lambda: function_calls(conn, "lease_claim") >= 8, BOUND)
+    claims = function_calls(conn, "lease_claim")
+    # Per process: its first, busy claim and the one that gets the lease.
+    assert claims <= 2.5 * 8, claims

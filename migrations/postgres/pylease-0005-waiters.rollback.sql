@@ -7,6 +7,6 @@ BEGIN
 END
 $pin$;
 
-DROP FUNCTION lease_unwait(text, text);
+DROP FUNCTION lease_unwait(text, text, boolean);
 DROP FUNCTION lease_wait(text, text, interval);
 DROP TABLE pylease_waiters;

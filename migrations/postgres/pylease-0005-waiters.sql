@@ -3,7 +3,7 @@
 --   * pylease_waiters: one row per waiting process and lease name, in arrival
 --     order, each with an expiry its waiter refreshes.
 --   * lease_wait(name, waiter, ttl) queues or refreshes a waiter and says whether
---     it is the head; lease_unwait(name, waiter) takes it out and wakes the new head
+--     it is the head; lease_unwait(name, waiter, granted) takes it out and wakes the new head
 --     with NOTIFY pylease_waiters.
 --   Claims and releases are unchanged (a busy claim writes nothing, a release still
 --   sends NOTIFY pylease): only a waiter writes here.
@@ -58,8 +58,10 @@ $$;
 
 -- Take a waiter out of the queue of a lease name: true if it was queued. When it
 -- was the head, the new head is woken: NOTIFY pylease_waiters with the payload
--- {"name": ..., "waiter": ...}. Releases still send NOTIFY pylease.
-CREATE FUNCTION lease_unwait(name text, waiter text) RETURNS boolean
+-- {"name": ..., "waiter": ..., "claim": ...}; claim is true unless the waiter
+-- leaves with the lease (granted), whose release will notify pylease as always.
+CREATE FUNCTION lease_unwait(name text, waiter text, granted boolean DEFAULT false)
+RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
@@ -79,7 +81,8 @@ BEGIN
          WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
         IF head IS NOT NULL THEN
             PERFORM pg_notify('pylease_waiters',
-                              json_build_object('name', lease_unwait.name, 'waiter', head)::text);
+                              json_build_object('name', lease_unwait.name, 'waiter', head,
+                                                'claim', NOT coalesce(granted, false))::text);
         END IF;
     END IF;
     RETURN true;
@@ -88,7 +91,7 @@ $$;
 
 COMMENT ON FUNCTION lease_wait(text, text, interval) IS
     'pylease: queue a waiting process for a lease name (or refresh its expiry); true when it is the head.';
-COMMENT ON FUNCTION lease_unwait(text, text) IS
+COMMENT ON FUNCTION lease_unwait(text, text, boolean) IS
     'pylease: take a waiting process out of the queue; wakes the new head with NOTIFY pylease_waiters.';
 
 REVOKE ALL ON TABLE pylease_waiters FROM PUBLIC;

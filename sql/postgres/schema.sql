@@ -734,8 +734,10 @@ $$;
 
 -- Take a waiter out of the queue of a lease name: true if it was queued. When it
 -- was the head, the new head is woken: NOTIFY pylease_waiters with the payload
--- {"name": ..., "waiter": ...}. Releases still send NOTIFY pylease.
-CREATE FUNCTION lease_unwait(name text, waiter text) RETURNS boolean
+-- {"name": ..., "waiter": ..., "claim": ...}; claim is true unless the waiter
+-- leaves with the lease (granted), whose release will notify pylease as always.
+CREATE FUNCTION lease_unwait(name text, waiter text, granted boolean DEFAULT false)
+RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
@@ -755,7 +757,8 @@ BEGIN
          WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
         IF head IS NOT NULL THEN
             PERFORM pg_notify('pylease_waiters',
-                              json_build_object('name', lease_unwait.name, 'waiter', head)::text);
+                              json_build_object('name', lease_unwait.name, 'waiter', head,
+                                                'claim', NOT coalesce(granted, false))::text);
         END IF;
     END IF;
     RETURN true;
@@ -764,7 +767,7 @@ $$;
 
 COMMENT ON FUNCTION lease_wait(text, text, interval) IS
     'pylease: queue a waiting process for a lease name (or refresh its expiry); true when it is the head.';
-COMMENT ON FUNCTION lease_unwait(text, text) IS
+COMMENT ON FUNCTION lease_unwait(text, text, boolean) IS
     'pylease: take a waiting process out of the queue; wakes the new head with NOTIFY pylease_waiters.';
 
 REVOKE ALL ON TABLE pylease_waiters FROM PUBLIC;
