@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from pylease import _waiting, lease
+from pylease._resources import data_dir
 from tests.helpers_lease import (
     backends,
     claim,
@@ -213,3 +214,19 @@ def test_a_release_wakes_one_waiting_process_and_processes_take_turns(dsn: str, 
     claims = function_calls(conn, "lease_claim")
     # Per process: its first, busy claim and the one that gets the lease.
     assert claims <= 2.5 * 8, claims
+
+
+def test_waiters_work_on_a_schema_without_the_queue_of_waiting_processes(
+    dsn: str, conn: Conn
+) -> None:
+    # A database still at 0003 (0005 rolled back): waiters share the listener and
+    # queue in the process, and every waiting process claims on a release.
+    rollback = data_dir("migrations", "postgres") / "pylease-0005-waiters.rollback.sql"
+    conn.execute(rollback.read_text())
+    claim(conn, "job", ttl="60s")
+    threads, results = waiters(dsn, "job", 5)
+    assert wait_until(lambda: _waiting.waiters("job") == 5, BOUND)
+    release(conn, "job")
+    join(threads)
+    assert [r for r in results if not isinstance(r, int)] == []
+    assert len(set(results)) == 5
