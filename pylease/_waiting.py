@@ -384,9 +384,11 @@ def _wait(event: Event, timeout: float) -> bool:
 
 
 def _after_fork() -> None:
-    # A forked child has no reader thread: its waiters start a hub of their own.
-    global _registry
+    # A forked child has no reader thread: its waiters start a hub of their own
+    # (and the mutex may have been held by a thread the child does not have).
+    global _registry, _mutex
     _registry = {}
+    _mutex = Mutex()
 
 
 if hasattr(os, "register_at_fork"):

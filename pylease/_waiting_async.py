@@ -404,9 +404,11 @@ else:
         return event.wait(max(timeout, 0.0))
 
     def _after_fork() -> None:
-        # A forked child has no reader thread: its waiters start a hub of their own.
-        global _registry
+        # A forked child has no reader thread: its waiters start a hub of their own
+        # (and the mutex may have been held by a thread the child does not have).
+        global _registry, _mutex
         _registry = {}
+        _mutex = AMutex()
 
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork)
