@@ -721,6 +721,14 @@ BEGIN
     PERFORM pylease_check_key('name', lease_wait.name);
     PERFORM pylease_check_key('waiter', lease_wait.waiter);
     PERFORM pylease_check_ttl('ttl', lease_wait.ttl);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_wait');
+    END IF;
+    -- A queue entry lost in a crash is harmless (its waiter queues again when it
+    -- refreshes): no flush, while this transaction has written nothing else.
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     DELETE FROM pylease_waiters AS w
      WHERE w.name = lease_wait.name AND w.expires_at <= now_;
     INSERT INTO pylease_waiters AS w (name, waiter, expires_at)
@@ -745,6 +753,12 @@ DECLARE
 BEGIN
     PERFORM pylease_check_key('name', lease_unwait.name);
     PERFORM pylease_check_key('waiter', lease_unwait.waiter);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_unwait');
+    END IF;
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     SELECT w.waiter INTO head FROM pylease_waiters AS w
      WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
     DELETE FROM pylease_waiters AS w
