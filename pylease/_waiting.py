@@ -65,6 +65,8 @@ MAX_RELISTEN = 5.0
 # after this pause (jittered), doubling up to MAX_OUTAGE, until its wait's deadline.
 FIRST_OUTAGE = 0.05
 MAX_OUTAGE = 1.0
+# The longest sleep of a waiter that is not first in line of its process.
+NAP = 60.0
 # A process's row in the queue of waiting processes expires this long after it was
 # last refreshed; it is refreshed every third of that while the process waits.
 WAITER_TTL = 30.0

@@ -137,9 +137,12 @@ async def acquire(
                     continue
                 raise LeaseBusy(name, holder=current, waited=now - start)
             if not head:
-                # Not first in line: the head claims for this process; wait our turn.
+                # Not first in line: the head claims for this process; wait our turn
+                # (in naps: a wait may have no deadline).
                 assert waiter is not None
-                retry = await waiter.sleep(deadline - now)
+                retry = await waiter.sleep(min(deadline - now, waiting.NAP))
+                if retry and not waiter.head and monotonic() < deadline:
+                    retry = False  # only a nap ended
                 continue
             if link_.sqlite:
                 poll = opts.poll_interval or backoff
