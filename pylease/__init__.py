@@ -1,5 +1,7 @@
 """pylease: leases (locks with an expiry) arbitrated by PostgreSQL, with fence tokens."""
 
+from pylease._types import FOREVER, AsyncTarget, Duration, Target, Wait
+from pylease.decorators import exclusive
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -12,9 +14,8 @@ from pylease.errors import (
     ReadOnlyServer,
     SchemaMissing,
 )
-from pylease.exclusive import exclusive
-from pylease.leader import current_leader, leader, run_as_leader, watch_leader
-from pylease.leader_async import acurrent_leader, aleader, arun_as_leader, awatch_leader
+from pylease.leadership import current_leader, leader, run_as_leader, watch_leader
+from pylease.leadership_async import acurrent_leader, aleader, arun_as_leader, awatch_leader
 from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
 from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
 from pylease.schema import schema_sql
@@ -22,8 +23,11 @@ from pylease.schema import schema_sql
 __version__ = "0.1.0"
 
 __all__ = [
+    "FOREVER",
+    "AsyncTarget",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "Duration",
     "FenceExhausted",
     "Held",
     "InvalidArgument",
@@ -34,6 +38,8 @@ __all__ = [
     "PyleaseError",
     "ReadOnlyServer",
     "SchemaMissing",
+    "Target",
+    "Wait",
     "__version__",
     "acurrent_leader",
     "akeep_fresh",

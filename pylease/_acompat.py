@@ -16,7 +16,16 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-monotonic = time.monotonic
+# The keeper's clock: CLOCK_BOOTTIME where it exists, which is monotonic and also
+# counts the time the host was suspended (a laptop lid, a paused VM): a lease's ttl
+# runs on in the database while the client sleeps, so the client's count must too.
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def monotonic() -> float:
+    """Seconds on the keeper's clock (CLOCK_BOOTTIME, else CLOCK_MONOTONIC)."""
+    return time.clock_gettime(_CLOCK)
+
 
 # Held across awaits: a connection's one statement at a time.
 ALock = asyncio.Lock

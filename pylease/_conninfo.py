@@ -20,7 +20,9 @@ from pylease.errors import ConfigurationError, InvalidArgument
 HEARTBEAT_APP = "pylease-heartbeat"
 LISTEN_APP = "pylease-listen"
 CHANNEL = "pylease"
-CONNECT_TIMEOUT = "10"
+# With the statement bound (pylease.targets_async.STATEMENT_BOUND), what keeps a
+# release after a hung renewal within the 10 s a block may take to end.
+CONNECT_TIMEOUT = "3"
 TCP_LIVENESS = {
     "keepalives": "1",
     "keepalives_idle": "10",

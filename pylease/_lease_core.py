@@ -16,7 +16,7 @@ import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from pylease import _validate
+from pylease import _log, _validate
 from pylease._ticket import Ticket
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
 
@@ -95,7 +95,7 @@ class Options(NamedTuple):
     name: str
     ttl: timedelta
     holder: str | None
-    wait: float
+    wait: float  # seconds; math.inf: no deadline
     heartbeat: bool
     min_hold: timedelta | None
     poll_interval: float | None
@@ -119,7 +119,7 @@ def options(
     ttl_ = _validate.ttl(ttl)
     if holder is not None:
         holder = _validate.key("holder", holder)
-    wait_ = _validate.span("wait", wait).total_seconds()
+    wait_ = _validate.wait(wait)
     min_hold_ = None if min_hold is None else _validate.span("min_hold", min_hold)
     poll = None
     if poll_interval is not None:
@@ -185,18 +185,15 @@ def finish(
         )
     if exc is not None:
         if trouble is not None:
-            exc.add_note(f"pylease: releasing lease {ticket.name!r} failed too: {trouble}")
+            why = _log.text(trouble)
+            exc.add_note(f"pylease: releasing lease {ticket.name!r} failed too: {why}")
         elif lost is not None and not (isinstance(exc, LeaseLost) and exc.name == ticket.name):
             exc.add_note(f"pylease: {lost}")
         return
     if lost is not None:
         raise lost from trouble
     if isinstance(trouble, DatabaseUnavailable):
-        logger.warning(
-            "pylease: could not release lease %r, it stays held until it expires: %s",
-            ticket.name,
-            trouble,
-        )
+        _log.release_failed(ticket.name, ticket.holder, ticket.fence, trouble)
         return
     if trouble is not None:
         raise trouble

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from pylease import _log
+from pylease._acompat import monotonic
 from pylease.errors import LeaseLost
 
 logger = logging.getLogger("pylease")
@@ -30,9 +32,25 @@ def margin(ttl: float) -> float:
 class Ticket:
     """One lease kept fresh, and what is known about it.
 
-    ``expires`` is a monotonic-clock lower bound of the lease's expiry: the moment
-    the last successful claim or renewal was *sent*, plus the ttl.
+    ``expires`` is a lower bound of the lease's expiry on the keeper's clock
+    (:func:`pylease._acompat.monotonic`): the moment the last successful claim or
+    renewal was *sent*, plus the time the server granted it (the claim's ttl; for a
+    renewal, its granted expiry minus the server's clock at that moment). The keeper
+    renews with ``renew_ttl`` (the lease's own ttl; for ``keep_fresh``, the one it was
+    given, or None for the one in force), so another renewer's shorter ttl can never
+    make the server's expiry earlier than the one believed here.
+
+    A ticket belongs to the process that claimed it: in a forked child it reads as
+    lost, and the child's lease block does nothing with it. ``abandoned`` is set when
+    its :class:`~pylease.Held` was collected while the block was never left; the
+    keeper then stops renewing it and releases it through ``link``, pylease's own way
+    to the database.
     """
+
+    # For the log records (pylease._log): the fence it was granted, and how many of
+    # its renewals have been logged.
+    fence: int | None = None
+    logged_renewals = 0
 
     def __init__(
         self,
@@ -48,8 +66,14 @@ class Ticket:
         self.ttl = ttl.total_seconds()
         self.on_lost = on_lost
         self.expires = sent_at + self.ttl
+        self.renew_ttl: timedelta | None = ttl
         self.lost: LeaseLost | None = None
         self.renewals = 0
+        self.pid = os.getpid()
+        self.abandoned = False
+        # The task or thread running its on_lost, once it was told.
+        self.callback: Any = None
+        self.link: Any = None
 
     @property
     def deadline(self) -> float:
@@ -59,8 +83,10 @@ class Ticket:
     def interval(self) -> float:
         return self.ttl / 3
 
-    def renewed(self, sent_at: float) -> None:
-        self.expires = max(self.expires, sent_at + self.ttl)
+    def renewed(self, sent_at: float, granted: float | None = None) -> None:
+        """A renewal sent at ``sent_at`` succeeded; ``granted``: the seconds the server
+        gave it from its own now (None: the ttl)."""
+        self.expires = max(self.expires, sent_at + (self.ttl if granted is None else granted))
         self.renewals += 1
 
     def __repr__(self) -> str:
@@ -78,7 +104,9 @@ class Ticket:
         """A fresh LeaseLost if the lease is lost or past its expiry, else None."""
         if self.lost is not None:
             return LeaseLost(self.name, self.lost.reason)
-        if time.monotonic() >= self.expires:
+        if self.pid != os.getpid():
+            return LeaseLost(self.name, f"it is held by the parent process (pid {self.pid})")
+        if monotonic() >= self.expires:
             return LeaseLost(self.name, "its ttl ran out without a renewal")
         return None
 
@@ -90,9 +118,22 @@ class AsyncTicket(Ticket):
     cancelled_body = False
 
 
+def inherited(ticket: Ticket) -> bool:
+    """True in a forked child for a ticket of its parent's."""
+    return ticket.pid != os.getpid()
+
+
+def abandon(ticket: Ticket) -> None:
+    """The lease's Held was collected inside its block: stop renewing it (see the keepers).
+
+    A finalizer: it may run on any thread, in the middle of anything, so it only flags.
+    """
+    ticket.abandoned = True
+
+
 def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:
     """Mark ``ticket`` lost and log it; the error if this was news."""
     error = ticket.mark_lost(reason)
     if error is not None:
-        logger.warning("lease %r lost: %s", ticket.name, reason)
+        _log.lost(ticket.name, ticket.holder, ticket.fence, reason)
     return error

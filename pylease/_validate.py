@@ -1,4 +1,9 @@
-"""Argument checks shared by every backend, with the same messages as the SQL checks."""
+"""Argument checks shared by every backend, with the same messages as the SQL checks.
+
+Durations are a ``timedelta``, seconds, or the command line's spelling (``"5m"``,
+``"1h30m"``, ``"250ms"``: :func:`pylease.durations.parse`); a wait may also be
+without a deadline (:data:`FOREVER`).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from pylease import durations
 from pylease.errors import InvalidArgument
 
 MAX_KEY_LENGTH = 200
 MAX_TTL = timedelta(days=366)
+
+# A wait without a deadline: ``wait=FOREVER`` (also ``math.inf`` or ``"forever"``).
+FOREVER = math.inf
 
 
 def key(parameter: str, value: object) -> str:
@@ -48,6 +57,11 @@ def key(parameter: str, value: object) -> str:
 def _seconds(parameter: str, value: object) -> timedelta:
     if value is None:
         raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
+    if isinstance(value, str):
+        try:
+            value = durations.parse(value)
+        except ValueError as exc:
+            raise InvalidArgument(f"pylease: {parameter}: {exc}", parameter=parameter) from None
     if isinstance(value, timedelta):
         if abs(value) > MAX_TTL * 1000:
             # Past this, now + span leaves the range of the databases' timestamps.
@@ -55,7 +69,8 @@ def _seconds(parameter: str, value: object) -> timedelta:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(
-            f"pylease: {parameter} must be a timedelta or seconds, not {type(value).__name__}",
+            f"pylease: {parameter} must be a timedelta, seconds or a duration string "
+            f"like '5m', not {type(value).__name__}",
             parameter=parameter,
         )
     if not math.isfinite(value):
@@ -83,6 +98,20 @@ def span(parameter: str, value: object) -> timedelta:
     if result > MAX_TTL:
         raise InvalidArgument(f"pylease: {parameter} must be at most 366 days", parameter=parameter)
     return result
+
+
+def wait(value: object, parameter: str = "wait") -> float:
+    """A wait in seconds: a span as :func:`span` takes it, or ``math.inf`` for no deadline.
+
+    ``math.inf`` (:data:`FOREVER`), ``"forever"`` and ``timedelta.max`` wait without one.
+    """
+    if value == timedelta.max:
+        return math.inf
+    if isinstance(value, float) and value == math.inf:
+        return math.inf
+    if isinstance(value, str) and value.strip().lower() == "forever":
+        return math.inf
+    return span(parameter, value).total_seconds()
 
 
 def fence(value: object) -> int:

@@ -15,17 +15,24 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 _PLAIN = re.compile(r"\d+(?:\.\d+)?|\.\d+")
 
 HINT = "use e.g. 250ms, 30s, 5m, 1h30m, or plain seconds"
+# ``--wait forever``: no deadline. timedelta.max stands for it where a span is expected.
+FOREVER = timedelta.max
+FOREVER_WORDS = ("forever",)
 
 
-def parse(text: str) -> timedelta:
+def parse(text: str, *, forever: bool = False) -> timedelta:
     """A duration from its command-line spelling.
 
     Units are ``d``, ``h``, ``m``, ``s`` and ``ms``, largest first, each at most
     once (``1h30m``, ``2m30s``); a plain number is seconds (``90``, ``0.25``).
+    With ``forever``, the word ``forever`` gives :data:`FOREVER` (a wait without a
+    deadline).
 
     :raises ValueError: the text is not a duration; the message says what is.
     """
     spelled = text.strip().lower()
+    if forever and spelled in FOREVER_WORDS:
+        return FOREVER
     if _PLAIN.fullmatch(spelled):
         return _finite(text, float(spelled))
     pos = 0

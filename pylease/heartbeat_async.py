@@ -11,8 +11,11 @@ renewable thing (a semaphore slot, a leader term) is a group of its own, not a
 second keeper. A group ticks every third of its shortest ttl. A failed tick
 (connection dropped, server restarting) is retried with backoff until a lease's
 expiry minus a safety margin; a lease that no renewal could keep by then, or that a
-renewal answers false for, is lost: its ticket records why, and its ``on_lost``
-callback runs (in the keeper: keep it short).
+renewal answers false for, is lost: its ticket records why, the task running its body
+is cancelled (async, ``cancel_on_lost``), and only then its ``on_lost`` callback runs,
+in a task (a thread) of its own, so a slow or stuck callback never delays a renewal.
+A lease whose ``Held`` was collected while its block was never left is abandoned: no
+longer renewed, and released on pylease's own connection.
 
 Where the two keepers differ, on purpose (the ``if True:  # ASYNC`` blocks): on
 an event loop a renewal that hangs is abandoned at the earliest deadline of its batch
@@ -30,9 +33,14 @@ import logging
 import random
 import weakref
 from collections.abc import Awaitable, Callable, Hashable, Sequence
+from datetime import datetime
+from typing import Any
 
+from pylease import _claims
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
 from pylease._backend_async import AsyncBackend
+from pylease._log import last_error as error_text
+from pylease._log import renew_failed, tick_settled
 from pylease._ticket import AsyncTicket, Ticket, notify_lost
 from pylease._ticket import LostCallback as LostCallback
 from pylease._ticket import margin as margin
@@ -43,6 +51,7 @@ if True:  # ASYNC
     pass
 else:
     import os
+    import threading
 
 logger = logging.getLogger("pylease")
 
@@ -60,29 +69,86 @@ if True:  # ASYNC
 
 # How a group renews its tickets: one statement for the whole batch, answering
 # (name, renewed) per ticket, in order.
-AsyncRenewOp = Callable[[AsyncBackend, Sequence[Ticket]], Awaitable[list[tuple[str, bool]]]]
+# An operation may add, after those two, the seconds the server granted from its own
+# clock and that clock (``datetime``), or None for both.
+AsyncRenewOp = Callable[[AsyncBackend, Sequence[Ticket]], Awaitable[list[tuple[Any, ...]]]]
+
+NOT_OURS = "a renewal found it no longer ours (released, expired and taken, or stolen)"
+# How much further the database's clock may advance between two renewals than ours
+# did before the keeper takes it for a step (NTP slews far less than this).
+STEP_TOLERANCE = 0.5
 
 
-async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[str, bool]]:
-    """The renewal of leases: ``lease_renew_many`` with each lease's name and holder."""
-    return await b.renew_many([t.name for t in batch], [t.holder for t in batch])
+async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
+    """The renewal of leases: ``lease_renew_each``, each with its own ttl.
+
+    Each row: (name, renewed, seconds granted by the server from its own clock, that
+    clock), the last two None when not renewed.
+    """
+    rows = await b.renew_each(
+        [t.name for t in batch], [t.holder for t in batch], [t.renew_ttl for t in batch]
+    )
+    out: list[tuple[Any, ...]] = []
+    for r in rows:
+        if r.renewed and r.expires_at is not None and r.server_time is not None:
+            granted = (r.expires_at - r.server_time).total_seconds()
+            out.append((r.name, True, granted, r.server_time))
+        else:
+            out.append((r.name, r.renewed, None, None))
+    return out
 
 
 async def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
-    if ticket.on_lost is not None:
-        try:
-            if True:  # ASYNC
-                outcome = ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
-                if inspect.isawaitable(outcome):
-                    await outcome
-            else:
-                ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
-        except Exception:
-            logger.exception("on_lost callback for lease %r failed", ticket.name)
+    if ticket.on_lost is None:
+        return
+    try:
+        if True:  # ASYNC
+            outcome = ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+            if inspect.isawaitable(outcome):
+                await outcome
+        else:
+            ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+    except Exception:
+        logger.exception("on_lost callback for lease %r failed", ticket.name)
+
+
+if True:  # ASYNC
+    # Callbacks under way: the loop keeps only weak references to its tasks.
+    _callbacks: set[asyncio.Task[None]] = set()
+
+
+def tell_lost(ticket: Ticket, error: LeaseLost) -> None:
+    """Cancel the body first, then run ``on_lost`` where it cannot delay any renewal."""
     if True:  # ASYNC
         if isinstance(ticket, AsyncTicket) and ticket.task is not None and not ticket.task.done():
             ticket.cancelled_body = True
             ticket.task.cancel(f"pylease: lease {ticket.name!r} was lost")
+    if ticket.on_lost is None:
+        return
+    if True:  # ASYNC
+        task = aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
+        _callbacks.add(task)
+        task.add_done_callback(_callbacks.discard)
+        ticket.callback = task
+    else:
+        ticket.callback = aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
+
+
+async def settle(ticket: Ticket) -> None:
+    """Let the lease's own ``on_lost`` finish before its block ends (bounded).
+
+    The callback runs apart so that it delays no renewal and no cancellation; the
+    block that it is about may still wait for it, so it is told before the block ends.
+    """
+    worker = ticket.callback
+    if worker is None:
+        return
+    if True:  # ASYNC
+        if worker is not asyncio.current_task():
+            await asyncio.wait({worker}, timeout=STOP_WAIT)
+    else:
+        if worker is not threading.current_thread():
+            worker.join(STOP_WAIT)
 
 
 class _Group:
@@ -96,9 +162,26 @@ class _Group:
         self.failures = 0
         self.last_error: BaseException | None = None
         self.busy = False
+        # (when the last renewal that read it was sent, on our clock; the database's
+        # clock it read), to notice the database's clock stepping forward.
+        self.clock: tuple[float, datetime] | None = None
 
     def interval(self) -> float:
         return min(t.interval for t in self.tickets)
+
+    def stepped(self, sent_at: float, received_at: float, server_time: datetime) -> float:
+        """How far the database's clock jumped ahead of ours since the last renewal (0: not).
+
+        Between the two readings at most ``received_at - previous sent_at`` passed on
+        our clock; the database's clock advancing more than that (and the tolerance)
+        stepped, and expired our leases early by as much.
+        """
+        previous, self.clock = self.clock, (sent_at, server_time)
+        if previous is None:
+            return 0.0
+        server_delta = (server_time - previous[1]).total_seconds()
+        jump = server_delta - (received_at - previous[0])
+        return jump if jump > STEP_TOLERANCE else 0.0
 
 
 class AsyncKeeper:
@@ -132,7 +215,11 @@ class AsyncKeeper:
             group.source = source
             group.tickets.append(ticket)
             group.next_at = min(group.next_at, monotonic() + ticket.interval)
-            if self._task is None:
+            idle = self._task is None
+            if True:  # ASYNC
+                # A task cancelled from outside (its loop shutting down) is gone too.
+                idle = self._task is None or self._task.done()
+            if idle:
                 self._task = aspawn(self._run, name="pylease-heartbeat")
             elif self._sleeping_until and group.next_at < self._sleeping_until:
                 # Wake the keeper only when it would sleep past this lease's first tick:
@@ -189,6 +276,9 @@ class AsyncKeeper:
         """One round: lose the overdue, start the due ticks, or sleep; False when done."""
         async with self._cond:
             now = monotonic()
+            abandoned = [(g, t) for g in self._groups.values() for t in g.tickets if t.abandoned]
+            for group, ticket in abandoned:
+                group.tickets.remove(ticket)
             overdue = [
                 (g, t) for g in self._groups.values() for t in g.tickets if t.deadline <= now
             ]
@@ -208,7 +298,7 @@ class AsyncKeeper:
             done = not any(g.tickets for g in self._groups.values())
             if not done:
                 self._idle_since = None
-            elif not overdue and not due:
+            elif not overdue and not due and not abandoned:
                 if self._idle_since is None:
                     self._idle_since = now
                 if now - self._idle_since < LINGER:
@@ -219,7 +309,7 @@ class AsyncKeeper:
                 # another worker.
                 self._idle_since = None
                 self._task = None
-            elif not overdue and not due:
+            elif not overdue and not due and not abandoned:
                 wake = min(
                     min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
                     min(t.deadline for g in self._groups.values() for t in g.tickets),
@@ -229,75 +319,107 @@ class AsyncKeeper:
         for group, batch in due:
             aspawn(self._tick, group, batch, name="pylease-renew")
         for group, ticket in overdue:
-            why = f"no renewal succeeded before its expiry (last error: {group.last_error})"
+            why = f"no renewal succeeded before its expiry (last error: {error_text(group)})"
             error = notify_lost(ticket, why)
             if error is not None:
-                await call_on_lost(ticket, error)
+                tell_lost(ticket, error)
+        for group, ticket in abandoned:
+            aspawn(self._give_back, group, ticket, name="pylease-abandoned")
         return not done
 
+    async def _give_back(self, group: _Group, ticket: Ticket) -> None:
+        """Release an abandoned lease on pylease's own connection, where that is safe."""
+        async with self._cond:
+            # Its renewal under way, if any, is answered before the release goes out.
+            limit = monotonic() + STOP_WAIT
+            while ticket in self._inflight and monotonic() < limit:
+                await acondition_wait(self._cond, limit - monotonic())
+        logger.warning(
+            "lease %r was abandoned (its Held collected inside its block): releasing it",
+            ticket.name,
+        )
+        name, holder = ticket.name, ticket.holder
+
+        async def give_back(b: AsyncBackend) -> bool:
+            return await b.release(name, holder)
+
+        try:
+            # The source, never the caller's connection: that one may be in use.
+            await group.source.run(give_back, name=name)
+        except Exception as exc:
+            logger.warning("could not release abandoned lease %r: %s", name, exc)
+        finally:
+            _claims.leave(name, holder)
+            if ticket.link is not None:
+                await ticket.link.close()
+
     async def _tick(self, group: _Group, batch: list[Ticket]) -> None:
-        lost: list[Ticket] = []
+        lost: list[tuple[Ticket, str]] = []
         try:
             lost = await self._renew(group, batch)
         finally:
             async with self._cond:
                 group.busy = False
+                tick_settled(group, batch)
                 key = (group.source.key, group.renew)
                 if not group.tickets and self._groups.get(key) is group:
                     del self._groups[key]
                 self._inflight.difference_update(batch)
                 self._cond.notify_all()
         # Only now: a callback that ends a lease must not wait for this very tick.
-        for ticket in lost:
-            why = "a renewal found it no longer ours (released, expired and taken, or stolen)"
+        for ticket, why in lost:
             error = notify_lost(ticket, why)
             if error is not None:
-                await call_on_lost(ticket, error)
+                tell_lost(ticket, error)
 
-    async def _renew(self, group: _Group, batch: list[Ticket]) -> list[Ticket]:
-        """Renew ``batch`` in one statement; the tickets found lost."""
+    async def _renew(self, group: _Group, batch: list[Ticket]) -> list[tuple[Ticket, str]]:
+        """Renew ``batch`` in one statement; the tickets found lost, and why."""
         sent_at = monotonic()
 
-        async def renew(b: AsyncBackend) -> list[tuple[str, bool]]:
+        async def renew(b: AsyncBackend) -> list[tuple[Any, ...]]:
             return await group.renew(b, batch)
 
         try:
-            if True:  # ASYNC
-                # A renewal that hangs past the batch's earliest deadline is abandoned,
-                # so the loss is reported while it can still matter.
-                budget = max(min(t.deadline for t in batch) - sent_at, MIN_RENEW_TIME)
-                rows = await asyncio.wait_for(group.source.run(renew, retry=True), budget)
-            else:
-                rows = group.source.run(renew, retry=True)
+            # Never cancelled (a cancel could report a commit the standby may not have):
+            # a statement that hangs is bounded by its source, which abandons the
+            # connection, and the keeper declares the loss at the deadline meanwhile.
+            rows = await group.source.run(renew, retry=True)
         except Exception as exc:
             group.failures += 1
             group.last_error = exc
             backoff = min(
                 FIRST_BACKOFF * 2 ** (group.failures - 1), min(t.interval for t in batch) / 2
             )
-            logger.warning(
-                "renewing %d lease(s) through %s failed (attempt %d), retrying in %.2fs: %s",
-                len(batch),
-                group.source.label,
-                group.failures,
-                backoff,
-                exc if str(exc) else type(exc).__name__,
-            )
+            # One warning per outage, at its first failure: the retries are DEBUG.
+            renew_failed(group, batch, backoff, exc, monotonic())
             async with self._cond:
                 group.next_at = monotonic() + backoff * random.uniform(0.8, 1.2)
             return []
+        received_at = monotonic()
         group.failures = 0
         group.last_error = None
-        lost: list[Ticket] = []
+        lost: list[tuple[Ticket, str]] = []
+        server_time = next((row[3] for row in rows if len(row) > 3 and row[3] is not None), None)
+        jump = 0.0 if server_time is None else group.stepped(sent_at, received_at, server_time)
+        why = NOT_OURS
+        if jump:
+            # Outside the clock assumption: the database expired our leases early, and
+            # may have granted them already. Told at once, since it cannot be prevented.
+            why = (
+                f"the database's clock jumped {jump:.1f}s ahead of ours since the last"
+                " renewal, so its expiry came early and it may have been granted to another"
+            )
         async with self._cond:
-            for ticket, (_name, renewed) in zip(batch, rows, strict=True):
+            for ticket, row in zip(batch, rows, strict=True):
+                renewed = bool(row[1])
+                granted = row[2] if len(row) > 2 else None
                 if ticket not in group.tickets:
                     continue  # stopped meanwhile: its answer no longer matters
-                if renewed:
-                    ticket.renewed(sent_at)
+                if renewed and not jump:
+                    ticket.renewed(sent_at, granted)
                 else:
                     group.tickets.remove(ticket)
-                    lost.append(ticket)
+                    lost.append((ticket, why))
             if group.tickets:
                 group.next_at = sent_at + group.interval()
         return lost

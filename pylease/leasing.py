@@ -17,11 +17,13 @@ steps, or passes ``on_lost`` to be told at once.
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pylease import _claims
 from pylease import _waiting as waiting
 from pylease._acompat import monotonic, sleep
 from pylease._backend import Backend
@@ -42,10 +44,13 @@ from pylease._lease_core import (
 from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
-from pylease._ticket import Ticket
+from pylease._log import claimed as log_claimed
+from pylease._log import released as log_released
+from pylease._ticket import Ticket, abandon, inherited
+from pylease._types import Duration, Target, Wait
 from pylease._waiting import Waiter
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat import keeper
+from pylease.heartbeat import keeper, settle
 from pylease.targets import Link, link
 from pylease.targets import check as check_target
 
@@ -55,7 +60,14 @@ T = TypeVar("T")
 LostCallback = Callable[[LeaseLost], object]
 
 
-def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tuple[int, float]:
+def acquire(
+    link_: Link,
+    opts: Options,
+    holder: str,
+    *,
+    want_holder: bool,
+    on_busy: Callable[[Any], None] | None = None,
+) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
     With ``wait``, a busy first attempt queues the waiter on the process's listener
@@ -64,7 +76,9 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
     in the process retries on every notification naming it, on the poll interval and
     at the holder's expiry; the others wait their turn. Once the database has answered,
     an unreachable or read-only server (a failover) is retried with backoff until the
-    wait's deadline, not raised at once.
+    wait's deadline, not raised at once. ``on_busy(row)`` is called after every busy
+    attempt with the ``status()`` row that stood in the way (None if it vanished),
+    the last one before LeaseBusy included.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -79,9 +93,15 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
     start = sent_at = monotonic()
     fence = link_.run(claim, name=name, retry=True)
     if fence is not None:
+        log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
-        holding = current_holder(link_.run(status, name=name))[0] if want_holder else None
+        holding = None
+        if want_holder or on_busy is not None:
+            rows = link_.run(status, name=name)
+            holding = current_holder(rows)[0]
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
         raise LeaseBusy(name, holder=holding, waited=0.0)
 
     deadline = start + opts.wait
@@ -114,9 +134,13 @@ def acquire(link_: Link, opts: Options, holder: str, *, want_holder: bool) -> tu
                     fence = link_.run(claim, name=name, retry=True)
                     if fence is not None:
                         granted = True
+                        log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                         return fence, sent_at
-                    if head or (want_holder and monotonic() >= deadline):
-                        current, expires_at = current_holder(link_.run(status, name=name))
+                    if head or on_busy is not None or (want_holder and monotonic() >= deadline):
+                        rows = link_.run(status, name=name)
+                        current, expires_at = current_holder(rows)
+                        if on_busy is not None:
+                            on_busy(rows[0] if rows else None)
                 except DatabaseUnavailable:
                     # A failover, a restart: the wait rides it out until its deadline.
                     # (A SQLite file locked past its busy timeout is no failover.)
@@ -176,9 +200,11 @@ def release(
         return b.release(name, holder, min_hold)
 
     try:
-        return link_.run_release(give_back, name=name), None
+        ours = link_.run_release(give_back, name=name)
     except Exception as exc:
         return None, exc
+    log_released(name, holder, ticket.fence, ours)
+    return ours, None
 
 
 class Lease:
@@ -198,25 +224,46 @@ class Lease:
         self._heartbeat_target = heartbeat_target
         self._link: Link | None = None
         self._ticket: Ticket | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._held: Held | None = None
         self.want_holder = True
+        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
 
     def __enter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: a lease() context manager can be entered once")
         opts = self._opts
-        self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         holder = opts.holder or default_holder()
+        # Before any I/O: one holder names one claim (a second live lease of this name
+        # with this holder would share the fence and be released under the first).
+        _claims.enter(opts.name, holder)
         try:
-            fence, sent_at = acquire(link_, opts, holder, want_holder=self.want_holder)
+            self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
+        except BaseException:
+            _claims.leave(opts.name, holder)
+            raise
+        try:
+            fence, sent_at = acquire(
+                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+            )
         except BaseException:
             self._link = None
+            _claims.leave(opts.name, holder)
             link_.close()
             raise
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
+        ticket.fence = fence
         self._ticket = ticket
+        held = Held(opts.name, holder, fence, ticket)
         if opts.heartbeat:
+            # Once neither this context manager nor the Held is reachable (the Held is
+            # reachable from here), nobody can leave the block: the keeper stops
+            # renewing and releases (issue 10, defect 8).
+            ticket.link = link_
+            self._held = held  # so the Held is collected only once this is too
+            self._finalizer = weakref.finalize(held, abandon, ticket)
             keeper().add(ticket, link_.source)
-        return Held(opts.name, holder, fence, ticket)
+        return held
 
     def __exit__(
         self,
@@ -227,27 +274,37 @@ class Lease:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            # A forked child holds none of its parent's leases: no I/O on the inherited
+            # connections, no release, no lock (one may have been held at the fork),
+            # and the child's own exception goes on unchanged.
+            return
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._held = None
         try:
             if self._opts.heartbeat:
                 keeper().remove(ticket, link_.source)
+                settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
         finally:
+            _claims.leave(ticket.name, ticket.holder)
             link_.close()
         finish(ticket, exc, released, trouble)
 
 
 def lease(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     *,
     holder: str | None = None,
-    wait: timedelta | float = 0,
+    wait: Wait = 0,
     heartbeat: bool = True,
     on_lost: LostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    min_hold: Duration | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> Lease:
     """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -258,9 +315,11 @@ def lease(
 
     :param target: a psycopg ``Connection``, a psycopg_pool ``ConnectionPool``, a URL
         (``postgresql://...``, ``sqlite:///path``) or a ``sqlite3.Connection``.
-    :param ttl: how long the lease outlives its last renewal (timedelta or seconds).
+    :param ttl: how long the lease outlives its last renewal: a timedelta, seconds, or
+        a duration string (``"5m"``, ``"1h30m"``, ``"250ms"``).
     :param holder: the holder token; default unique per claim (host, pid, 128 bits).
-    :param wait: how long to keep trying when the lease is busy (default: not at all).
+    :param wait: how long to keep trying when the lease is busy (default: not at all);
+        :data:`pylease.FOREVER` (``math.inf``, ``"forever"``): without a deadline.
     :param heartbeat: renew every ttl/3 while the block runs (default True).
     :param on_lost: called with the :class:`LeaseLost` once the heartbeat learns the
         lease is gone; runs on the keeper thread.
@@ -287,18 +346,18 @@ def lease(
 
 
 def run_exclusive(
-    target: object,
+    target: Target,
     name: str,
-    ttl: timedelta | float,
+    ttl: Duration,
     work: Callable[[], T],
     *,
     holder: str | None = None,
-    wait: timedelta | float = 0,
+    wait: Wait = 0,
     heartbeat: bool = True,
     on_lost: LostCallback | None = None,
-    min_hold: timedelta | float | None = None,
-    heartbeat_target: object = None,
-    poll_interval: float | None = None,
+    min_hold: Duration | None = None,
+    heartbeat_target: Target | None = None,
+    poll_interval: Duration | None = None,
 ) -> Outcome[T]:
     """Run ``work()`` under the lease ``name``, for scheduled sweeps.
 
@@ -384,6 +443,10 @@ class KeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        ticket.fence = row.fence
+        # Renews with the ttl it was given, or the one in force (None): never the
+        # owner's ttl taken from the row, which the owner may change.
+        ticket.renew_ttl = ttl
         self._ticket = ticket
         keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)
@@ -397,19 +460,22 @@ class KeepFresh:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            return  # a forked child's: nothing of it is the child's (see Lease)
         try:
             keeper().remove(ticket, link_.source)
+            settle(ticket)
         finally:
             link_.close()
         end_keep_fresh(ticket, exc)
 
 
 def keep_fresh(
-    target: object,
+    target: Target,
     name: str,
     holder: str,
     *,
-    ttl: timedelta | float | None = None,
+    ttl: Duration | None = None,
     on_lost: LostCallback | None = None,
 ) -> KeepFresh:
     """Keep somebody else's lease fresh while the ``with`` block runs; never release it.

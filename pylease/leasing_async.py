@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pylease import _claims
 from pylease import _waiting_async as waiting
 from pylease._acompat import asleep, monotonic
 from pylease._backend_async import AsyncBackend
@@ -44,10 +46,14 @@ from pylease._lease_core import (
 from pylease._lease_core import Held as Held
 from pylease._lease_core import Outcome as Outcome
 from pylease._lease_core import default_holder as default_holder
-from pylease._ticket import AsyncTicket
+from pylease._log import claimed as log_claimed
+from pylease._log import released as log_released
+from pylease._log import text as error_text
+from pylease._ticket import AsyncTicket, abandon, inherited
+from pylease._types import AsyncTarget, Duration, Wait
 from pylease._waiting_async import AsyncWaiter
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat_async import keeper
+from pylease.heartbeat_async import keeper, settle
 from pylease.targets_async import AsyncLink, link
 from pylease.targets_async import check as check_target
 
@@ -58,7 +64,12 @@ AsyncLostCallback = Callable[[LeaseLost], object]
 
 
 async def acquire(
-    link_: AsyncLink, opts: Options, holder: str, *, want_holder: bool
+    link_: AsyncLink,
+    opts: Options,
+    holder: str,
+    *,
+    want_holder: bool,
+    on_busy: Callable[[Any], None] | None = None,
 ) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
@@ -68,7 +79,9 @@ async def acquire(
     in the process retries on every notification naming it, on the poll interval and
     at the holder's expiry; the others wait their turn. Once the database has answered,
     an unreachable or read-only server (a failover) is retried with backoff until the
-    wait's deadline, not raised at once.
+    wait's deadline, not raised at once. ``on_busy(row)`` is called after every busy
+    attempt with the ``status()`` row that stood in the way (None if it vanished),
+    the last one before LeaseBusy included.
     """
     name, ttl = opts.name, opts.ttl
 
@@ -83,9 +96,15 @@ async def acquire(
     start = sent_at = monotonic()
     fence = await link_.run(claim, name=name, retry=True)
     if fence is not None:
+        log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
         return fence, sent_at
     if opts.wait <= 0:
-        holding = current_holder(await link_.run(status, name=name))[0] if want_holder else None
+        holding = None
+        if want_holder or on_busy is not None:
+            rows = await link_.run(status, name=name)
+            holding = current_holder(rows)[0]
+            if on_busy is not None:
+                on_busy(rows[0] if rows else None)
         raise LeaseBusy(name, holder=holding, waited=0.0)
 
     deadline = start + opts.wait
@@ -118,9 +137,13 @@ async def acquire(
                     fence = await link_.run(claim, name=name, retry=True)
                     if fence is not None:
                         granted = True
+                        log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                         return fence, sent_at
-                    if head or (want_holder and monotonic() >= deadline):
-                        current, expires_at = current_holder(await link_.run(status, name=name))
+                    if head or on_busy is not None or (want_holder and monotonic() >= deadline):
+                        rows = await link_.run(status, name=name)
+                        current, expires_at = current_holder(rows)
+                        if on_busy is not None:
+                            on_busy(rows[0] if rows else None)
                 except DatabaseUnavailable:
                     # A failover, a restart: the wait rides it out until its deadline.
                     # (A SQLite file locked past its busy timeout is no failover.)
@@ -180,9 +203,11 @@ async def release(
         return await b.release(name, holder, min_hold)
 
     try:
-        return await link_.run_release(give_back, name=name), None
+        ours = await link_.run_release(give_back, name=name)
     except Exception as exc:
         return None, exc
+    log_released(name, holder, ticket.fence, ours)
+    return ours, None
 
 
 class AsyncLease:
@@ -202,7 +227,10 @@ class AsyncLease:
         self._heartbeat_target = heartbeat_target
         self._link: AsyncLink | None = None
         self._ticket: AsyncTicket | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._held: Held | None = None
         self.want_holder = True
+        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
         if True:  # ASYNC
             self._cancelling = 0
 
@@ -210,24 +238,42 @@ class AsyncLease:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: an alease() context manager can be entered once")
         opts = self._opts
-        self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         holder = opts.holder or default_holder()
+        # Before any I/O: one holder names one claim (a second live lease of this name
+        # with this holder would share the fence and be released under the first).
+        _claims.enter(opts.name, holder)
         try:
-            fence, sent_at = await acquire(link_, opts, holder, want_holder=self.want_holder)
+            self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
+        except BaseException:
+            _claims.leave(opts.name, holder)
+            raise
+        try:
+            fence, sent_at = await acquire(
+                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+            )
         except BaseException:
             self._link = None
+            _claims.leave(opts.name, holder)
             await link_.close()
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
+        ticket.fence = fence
         if True:  # ASYNC
             if opts.cancel_on_lost:
                 ticket.task = asyncio.current_task()
                 if ticket.task is not None:
                     self._cancelling = ticket.task.cancelling()
         self._ticket = ticket
+        held = Held(opts.name, holder, fence, ticket)
         if opts.heartbeat:
+            # Once neither this context manager nor the Held is reachable (the Held is
+            # reachable from here), nobody can leave the block: the keeper stops
+            # renewing and releases (issue 10, defect 8).
+            ticket.link = link_
+            self._held = held  # so the Held is collected only once this is too
+            self._finalizer = weakref.finalize(held, abandon, ticket)
             await keeper().add(ticket, link_.source)
-        return Held(opts.name, holder, fence, ticket)
+        return held
 
     async def __aexit__(
         self,
@@ -238,16 +284,26 @@ class AsyncLease:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            # A forked child holds none of its parent's leases: no I/O on the inherited
+            # connections, no release, no lock (one may have been held at the fork),
+            # and the child's own exception goes on unchanged.
+            return
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._held = None
         if True:  # ASYNC
             ticket.task = None  # no cancellation from here on
             outside_cancel = False
         try:
             if self._opts.heartbeat:
                 await keeper().remove(ticket, link_.source)
+                await settle(ticket)
             if True:  # ASYNC
                 exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
             released, trouble = await release(link_, ticket, self._opts.min_hold)
         finally:
+            _claims.leave(ticket.name, ticket.holder)
             await link_.close()
         if True:  # ASYNC
             if outside_cancel and exc is None:
@@ -257,7 +313,8 @@ class AsyncLease:
                 error = ticket.error() or LeaseLost(ticket.name, "its body was cancelled")
                 if trouble is not None:
                     error.add_note(
-                        f"pylease: releasing lease {ticket.name!r} failed too: {trouble}"
+                        f"pylease: releasing lease {ticket.name!r} failed too: "
+                        + error_text(trouble)
                     )
                 raise error from exc
         finish(ticket, exc, released, trouble)
@@ -289,17 +346,17 @@ class AsyncLease:
 if True:  # ASYNC
 
     def alease(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``async with`` block runs.
@@ -338,18 +395,18 @@ if True:  # ASYNC
         )
 
     async def arun_exclusive(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         work: Callable[[], Awaitable[T]],
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
     ) -> Outcome[T]:
         """Await ``work()`` under the lease ``name``: the twin of :func:`pylease.run_exclusive`.
@@ -376,17 +433,17 @@ if True:  # ASYNC
 else:
 
     def alease(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -397,9 +454,11 @@ else:
 
         :param target: a psycopg ``Connection``, a psycopg_pool ``ConnectionPool``, a URL
             (``postgresql://...``, ``sqlite:///path``) or a ``sqlite3.Connection``.
-        :param ttl: how long the lease outlives its last renewal (timedelta or seconds).
+        :param ttl: how long the lease outlives its last renewal: a timedelta, seconds, or
+            a duration string (``"5m"``, ``"1h30m"``, ``"250ms"``).
         :param holder: the holder token; default unique per claim (host, pid, 128 bits).
-        :param wait: how long to keep trying when the lease is busy (default: not at all).
+        :param wait: how long to keep trying when the lease is busy (default: not at all);
+            :data:`pylease.FOREVER` (``math.inf``, ``"forever"``): without a deadline.
         :param heartbeat: renew every ttl/3 while the block runs (default True).
         :param on_lost: called with the :class:`LeaseLost` once the heartbeat learns the
             lease is gone; runs on the keeper thread.
@@ -425,18 +484,18 @@ else:
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
-        target: object,
+        target: AsyncTarget,
         name: str,
-        ttl: timedelta | float,
+        ttl: Duration,
         work: Callable[[], Awaitable[T]],
         *,
         holder: str | None = None,
-        wait: timedelta | float = 0,
+        wait: Wait = 0,
         heartbeat: bool = True,
         on_lost: AsyncLostCallback | None = None,
-        min_hold: timedelta | float | None = None,
-        heartbeat_target: object = None,
-        poll_interval: float | None = None,
+        min_hold: Duration | None = None,
+        heartbeat_target: AsyncTarget | None = None,
+        poll_interval: Duration | None = None,
     ) -> Outcome[T]:
         """Run ``work()`` under the lease ``name``, for scheduled sweeps.
 
@@ -522,6 +581,10 @@ class AsyncKeepFresh:
             sent_at=sent_at,
             on_lost=self._on_lost,
         )
+        ticket.fence = row.fence
+        # Renews with the ttl it was given, or the one in force (None): never the
+        # owner's ttl taken from the row, which the owner may change.
+        ticket.renew_ttl = ttl
         self._ticket = ticket
         await keeper().add(ticket, link_.source)
         return Held(name, holder, row.fence, ticket)
@@ -535,19 +598,22 @@ class AsyncKeepFresh:
         link_, ticket = self._link, self._ticket
         assert link_ is not None and ticket is not None
         self._link = None
+        if inherited(ticket):
+            return  # a forked child's: nothing of it is the child's (see AsyncLease)
         try:
             await keeper().remove(ticket, link_.source)
+            await settle(ticket)
         finally:
             await link_.close()
         end_keep_fresh(ticket, exc)
 
 
 def akeep_fresh(
-    target: object,
+    target: AsyncTarget,
     name: str,
     holder: str,
     *,
-    ttl: timedelta | float | None = None,
+    ttl: Duration | None = None,
     on_lost: AsyncLostCallback | None = None,
 ) -> AsyncKeepFresh:
     """Keep somebody else's lease fresh while the ``async with`` block runs; never release it.

@@ -17,6 +17,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
+from pylease import _adopt_schema
 from pylease import dsn as dsn_mod
 from pylease._resources import data_dir
 from pylease.errors import (
@@ -160,6 +161,26 @@ def _check_length(schema: str) -> None:
         )
 
 
+def _adopt(backend: Any, schema: str, migrations: Any, say: Say) -> None:
+    """Record as applied the migrations that built a schema installed from schema.sql."""
+    conn: psycopg.Connection[Any] = backend.connection
+    ids = [m.id for m in migrations]
+    if len(backend.to_apply(migrations)) < len(ids) or not _adopt_schema.has_leases(conn, schema):
+        return
+    count = _adopt_schema.installed_version(conn, schema, ids)
+    if count is None:
+        raise MigrationError(
+            f"pylease: schema {schema!r} holds pylease objects but no record of pylease "
+            "migrations, and they match no released version of sql/postgres/schema.sql: "
+            "compare them with it, or move them aside"
+        )
+    backend.mark_migrations(migrations.filter(lambda m: m.id in ids[:count]))
+    say(
+        f"schema {schema!r} was installed from schema.sql at {ids[count - 1]}: "
+        f"recorded {count} migrations as applied"
+    )
+
+
 def migrate(
     dsn: str, schema: str = "public", *, say: Say = print, lock_wait: float = DEFAULT_LOCK_WAIT
 ) -> list[str]:
@@ -176,6 +197,7 @@ def migrate(
     migrations = _postgres_migrations()
     with _backend(dsn, schema) as backend, _mapped_errors(schema):
         with _exclusive(backend, schema, say, lock_wait), backend.lock():
+            _adopt(backend, schema, migrations, say)
             pending = backend.to_apply(migrations)
             # yoyo prints the rows of any SELECT a migration runs; nobody asked for them.
             with contextlib.redirect_stdout(io.StringIO()):

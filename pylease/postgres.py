@@ -6,7 +6,7 @@ Every statement runs on the connection it is given as a statement of its own,
 with tuple rows whatever the connection's row factory;
 the caller decides which connection that is (see ``pylease.lease``). Driver
 errors are mapped in one place, :func:`wrap_errors`. :mod:`pylease.postgres`
-exports both backends, ``PostgresBackend`` and ``PostgresBackend``.
+exports both backends, the sync one and the one.
 """
 
 from __future__ import annotations

@@ -2,6 +2,13 @@
 
 Exit codes follow the shell's: the child's own code; 128+N when a signal N killed
 it; 127 when the command does not exist; 126 when it cannot be executed.
+
+A command must not outlive the lease it runs under: once the lease is lost it gets
+SIGTERM, and SIGKILL ``--kill-after`` later but never later than the lease's local
+expiry (the moment the last successful claim or renewal was sent, plus the ttl,
+which comes no later than the server's expiry). The local expiry is watched on its
+own, so a keeper that is late to declare the loss still cannot let the command run
+past it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 NOT_FOUND = 127
@@ -40,6 +48,17 @@ class Outcome:
 
     code: int
     lost: bool
+
+
+def time_left(held: Any) -> Callable[[], float]:
+    """Seconds until ``held``'s local expiry (negative once past it), as a function.
+
+    The local expiry moves on with every renewal; it is read afresh on every call.
+    """
+    from pylease._acompat import monotonic  # the keeper's clock, which expiries are on
+
+    ticket = held._ticket
+    return lambda: float(ticket.expires) - monotonic()
 
 
 def exit_code(returncode: int) -> int:
@@ -96,8 +115,13 @@ def supervise(
     kill_after: float,
     say: Say,
     why_lost: Callable[[], str],
+    remaining: Callable[[], float] | None = None,
 ) -> Outcome:
-    """Run ``argv`` until it exits; stop it (SIGTERM, then SIGKILL) once ``lost`` is set."""
+    """Run ``argv`` until it exits; stop it (SIGTERM, then SIGKILL) once ``lost`` is set.
+
+    :param remaining: seconds left until the lease's local expiry (see :func:`time_left`):
+        SIGKILL comes no later than that, whatever ``kill_after`` says.
+    """
     child: subprocess.Popen[bytes] | None = None
     pending: list[int] = []
 
@@ -122,7 +146,15 @@ def supervise(
             return Outcome(NOT_EXECUTABLE, lost=False)
         for signum in pending:
             forward(signum, None)
-        return _watch(child, argv, lost=lost, kill_after=kill_after, say=say, why_lost=why_lost)
+        return _watch(
+            child,
+            argv,
+            lost=lost,
+            kill_after=kill_after,
+            say=say,
+            why_lost=why_lost,
+            remaining=remaining,
+        )
 
 
 def _watch(
@@ -133,16 +165,36 @@ def _watch(
     kill_after: float,
     say: Say,
     why_lost: Callable[[], str],
+    remaining: Callable[[], float] | None = None,
 ) -> Outcome:
-    """Wait for the child, polling ``lost``; SIGTERM it once lost, SIGKILL after ``kill_after``."""
+    """Wait for the child, polling ``lost``; SIGTERM it once lost, SIGKILL after ``kill_after``
+    or at the lease's local expiry, whichever comes first."""
     terminated_at: float | None = None
     killed = False
     while True:
+        left = remaining() if remaining is not None and not killed else None
+        if left is not None and left <= 0:
+            # Past the local expiry somebody else may hold the lease: no grace period.
+            if terminated_at is None:
+                say(
+                    f"{why_lost()}; its ttl ran out: sending SIGKILL to {argv[0]} (pid {child.pid})"
+                )
+                terminated_at = time.monotonic()
+            else:
+                say(f"{argv[0]} still running at the lease's expiry; sending SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            killed = True
+            left = None
         try:
-            returncode = child.wait(timeout=POLL)
+            # Wake at the expiry itself rather than up to a poll later.
+            returncode = child.wait(timeout=POLL if left is None else max(min(POLL, left), 0.001))
             break
         except subprocess.TimeoutExpired:
             pass
+        past_expiry = remaining is not None and not killed and remaining() <= 0
+        if past_expiry:
+            continue  # SIGKILL at the top of the loop: no SIGTERM past the expiry
         if lost.is_set() and terminated_at is None:
             say(f"{why_lost()}; sending SIGTERM to {argv[0]} (pid {child.pid})")
             with contextlib.suppress(ProcessLookupError):

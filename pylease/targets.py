@@ -23,15 +23,17 @@ is idle.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sqlite3
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from pylease import dsn as dsn_mod
+from pylease._abandon import Abandon, start_timer
 from pylease._acompat import Lock, Mutex, to_thread
 from pylease._backend import Backend
 from pylease._conninfo import CHANNEL as CHANNEL
@@ -49,13 +51,31 @@ from pylease._target_types import is_idle as is_idle
 from pylease._target_types import pool_class
 from pylease._target_types import sqlite_location as sqlite_location
 from pylease._target_types import sqlite_module as sqlite_module
-from pylease.errors import DatabaseUnavailable, InvalidArgument
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 from pylease.postgres import PostgresBackend, wrap_errors
 
 T = TypeVar("T")
 Op = Callable[[Backend], T]
 
 logger = logging.getLogger("pylease")
+
+
+# How long one statement on a connection of pylease's own may run before the
+# connection is abandoned (see pylease._abandon): with the connect timeout, what
+# bounds the release after a renewal hung, so a block ends within 10 s of its body.
+STATEMENT_BOUND = 3.0
+
+
+@contextlib.contextmanager
+def bounded(conn: psycopg.Connection[Any], seconds: float = STATEMENT_BOUND) -> Iterator[None]:
+    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``."""
+    abandon = Abandon(conn)
+    cancel = start_timer(seconds, abandon.fire)
+    try:
+        yield
+    finally:
+        abandon.disarm()
+        cancel()
 
 
 def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
@@ -65,7 +85,17 @@ def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
 
 
 def run_committed(conn: psycopg.Connection[Any], op: Op[T]) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own."""
+    """Run ``op`` on an idle connection as a transaction of its own.
+
+    :raises ConfigurationError: the connection is not idle: its open transaction is
+        somebody else's, and a claim, renewal or release there would commit it.
+    """
+    if not conn.closed and not is_idle(conn):
+        raise ConfigurationError(
+            "pylease: a connection pylease was given for its own statements is inside a"
+            " transaction; pylease never runs a claim, renewal or release there (it would"
+            " commit that transaction)"
+        )
     if conn.autocommit:
         return op(PostgresBackend(conn))
     try:
@@ -129,7 +159,8 @@ class ConninfoSource:
                 self._conn = connect_own(self._conninfo, name)
             assert self._conn is not None
             try:
-                return op(PostgresBackend(self._conn))
+                with bounded(self._conn):
+                    return op(PostgresBackend(self._conn))
             except DatabaseUnavailable:
                 self._discard()
                 if fresh or not retry:
@@ -137,7 +168,8 @@ class ConninfoSource:
             # The connection broke while it sat idle (server restart, terminated
             # backend): one fresh attempt before reporting it.
             self._conn = connect_own(self._conninfo, name)
-            return op(PostgresBackend(self._conn))
+            with bounded(self._conn):
+                return op(PostgresBackend(self._conn))
 
     def _discard(self) -> None:
         conn, self._conn = self._conn, None
@@ -278,7 +310,7 @@ class Listener:
             )
             conn.execute("LISTEN " + CHANNEL)
         except psycopg.Error as exc:
-            logger.info("pylease: cannot LISTEN for lease %r, polling instead: %s", name, exc)
+            logger.info("cannot LISTEN for lease %r, polling instead: %s", name, exc)
             return None
         return cls(conn)
 
@@ -292,7 +324,7 @@ class Listener:
                 if notify.payload == name:
                     return True
         except psycopg.Error as exc:
-            logger.info("pylease: LISTEN connection lost while waiting for %r: %s", name, exc)
+            logger.info("LISTEN connection lost while waiting for %r: %s", name, exc)
             self.close()
             raise ListenerLost from exc
         return False
@@ -383,6 +415,12 @@ def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if isinstance(target, psycopg.Connection):
+        if heartbeat_target is target:
+            raise InvalidArgument(
+                "pylease: heartbeat_target must not be the lease's own connection: a renewal"
+                " there would run inside, and commit, the caller's transactions",
+                parameter="heartbeat_target",
+            )
         if heartbeat_target is not None:
             source, _listen = source_for(heartbeat_target, "heartbeat_target")
             if isinstance(source, SqliteSource):

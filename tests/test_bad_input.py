@@ -32,7 +32,15 @@ from hypothesis import strategies as st
 from psycopg import errors as pg_errors
 from typer.testing import CliRunner
 
-from pylease import InvalidArgument, LeaseBusy, LeaseLost, keep_fresh, lease, run_exclusive
+from pylease import (
+    InvalidArgument,
+    LeaseBusy,
+    LeaseLost,
+    durations,
+    keep_fresh,
+    lease,
+    run_exclusive,
+)
 from pylease.cli import app
 from pylease.sqlite import connect as sqlite_connect
 
@@ -127,7 +135,19 @@ def ttl_ok(value: object) -> bool:
     return timedelta(0) < value <= timedelta(days=366)
 
 
+def py_ttl_ok(value: object) -> bool:
+    """The Python API's rule (contract section 2): also the CLI's duration strings."""
+    if isinstance(value, str):
+        try:
+            value = durations.parse(value)
+        except ValueError:
+            return False
+    return ttl_ok(value)
+
+
 def as_span(value: Any) -> timedelta:
+    if isinstance(value, str):
+        return durations.parse(value)
     return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
 
@@ -303,7 +323,7 @@ def test_python_lease_works_or_raises_invalid_argument(
     target: tuple[Any, Any], name: Any, holder: Any, ttl: Any
 ) -> None:
     where, read = target
-    valid = key_ok(name) and (holder is None or key_ok(holder)) and ttl_ok(ttl)
+    valid = key_ok(name) and (holder is None or key_ok(holder)) and py_ttl_ok(ttl)
     before = read()
     try:
         with lease(where, name, ttl, holder=holder, heartbeat=False) as held:
@@ -364,10 +384,10 @@ def test_python_options_never_fail_otherwise(
         return
     except LeaseLost:
         # Documented: the work ran, but a ttl that short ran out while it did.
-        assert ttl_ok(ttl) and as_span(ttl) < timedelta(seconds=1)
+        assert py_ttl_ok(ttl) and as_span(ttl) < timedelta(seconds=1)
         return
     assert outcome in ((True, "ran"), (False, None))
-    assert key_ok(name) and ttl_ok(ttl)
+    assert key_ok(name) and py_ttl_ok(ttl)
 
 
 @FEW
@@ -377,7 +397,7 @@ def test_python_keep_fresh_works_or_raises_invalid_argument(
 ) -> None:
     where, read = target
     before = read()
-    valid = key_ok(name) and key_ok(holder) and (ttl is None or ttl_ok(ttl))
+    valid = key_ok(name) and key_ok(holder) and (ttl is None or py_ttl_ok(ttl))
     try:
         with keep_fresh(where, name, holder, ttl=ttl):
             pass

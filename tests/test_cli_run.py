@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -277,11 +278,40 @@ def test_a_stolen_lease_stops_the_child_and_exits_75(
     assert stolen.returncode == 0, stolen.stderr
     code, err = finish(proc)
     assert code == 75, err
-    assert "lease 'job' was lost" in err
-    assert len(err.splitlines()) == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert "lease 'job' was lost" in lines[0]
+    # The database knows who has it now, and how: said once the command is stopped.
+    assert re.fullmatch(
+        r"pylease: lease 'job' is now held by operator \(fence 2\), "
+        r"who stole it \((now|\d+m?s ago)\)",
+        lines[1],
+    ), lines
     assert out.read_text().splitlines() == ["ready", "SIGTERM"]
     row = status(url, "job")
     assert (row["holder"], row["held"]) == ("operator", True)
+
+
+def test_a_lease_taken_over_says_by_whom_and_how(
+    url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    proc = start(started, "run", "job", "--ttl", "1s", "--dsn", url, "--", *child, "trap", str(out))
+    wait_for(out, "ready", proc)
+    proc.send_signal(signal.SIGSTOP)  # the supervisor only: its lease runs out
+    try:
+        taken = pylease(
+            "claim", "job", "--ttl", "1m", "--holder", "next", "--wait", "30s", "--dsn", url
+        )
+        assert taken.returncode == 0, taken.stderr
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    code, err = finish(proc)
+    assert code == 75, err
+    lines = err.splitlines()
+    assert "lease 'job' was lost" in lines[0]
+    assert lines[-1].startswith(
+        "pylease: lease 'job' is now held by next (fence 2), who took it over after its ttl ran out"
+    ), lines
 
 
 def test_a_child_ignoring_sigterm_is_killed_after_kill_after(
@@ -314,7 +344,7 @@ def test_two_runs_at_once_one_runs_one_is_busy(
 
 def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
-    held = pylease("claim", "job", "--ttl", "1s", "--holder", "someone-else", "--dsn", url)
+    held = pylease("claim", "job", "--ttl", "3s", "--holder", "someone-else", "--dsn", url)
     assert held.returncode == 0, held.stderr
     leader, follower = os.openpty()
     proc = subprocess.Popen(
@@ -418,3 +448,94 @@ def test_an_unreachable_database_stops_the_child_and_exits_75(
     assert code == 75, err
     assert "lease 'job' was lost" in err
     assert out.read_text().splitlines() == ["ready", "SIGTERM"]
+    # One line when renewals start failing, with the deadline; one at the loss.
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith("pylease: renewing lease 'job' failed (database unavailable: ")
+    assert re.search(r"retrying until it expires at \d\d:\d\d:\d\d \(in \d+m?s\)$", lines[0])
+    assert lines[1].startswith("pylease: lease 'job' was lost")
+    assert "pylease: pylease" not in err and err.count("pylease:") == 2
+
+
+class Switch(Proxy):
+    """A relay that can be cut and then restored: an outage the lease outlives."""
+
+    down = False
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down:
+                client.close()
+                continue
+            server = self._connect()
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def drop(self) -> None:
+        self.down = True
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.sockets = []
+
+
+def test_an_outage_the_lease_outlives_is_one_line_then_one_at_recovery(
+    dsn: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    params = dsn_mod.parse(dsn)
+    switch = Switch(params.get("host", "127.0.0.1"), int(params.get("port", "5432")))
+    params.update(host="127.0.0.1", port=str(switch.port))
+    via = make_conninfo("", **params)
+    proc = start(started, "run", "job", "--ttl", "9s", "--dsn", via, "--", *child, "trap", str(out))
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+
+    def said(text: str) -> bool:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(text in line for line in lines):
+                return True
+            time.sleep(0.05)
+        return False
+
+    try:
+        wait_for(out, "ready", proc)
+        switch.drop()
+        assert said("renewing lease 'job' failed"), lines
+        switch.down = False
+        assert said("renewing lease 'job' works again"), lines
+        proc.send_signal(signal.SIGTERM)
+        code, _ = finish(proc)  # and the release goes through
+        reader.join(10)
+    finally:
+        switch.cut()
+    assert code == 100 + signal.SIGTERM, lines
+    assert len(lines) == 2, lines
+    assert "retrying until it expires at" in lines[0]
+    assert re.fullmatch(
+        r"pylease: renewing lease 'job' works again, after \d+ failed attempt\(s\)\n", lines[1]
+    ), lines
+    assert out.read_text().splitlines() == ["ready", "SIGTERM"]
+
+
+def test_run_wait_forever(url: str, tmp_path: Path, started: list[subprocess.Popen[str]]) -> None:
+    assert pylease("claim", "job", "--ttl", "1h", "--holder", "a", "--dsn", url).returncode == 0
+    mark = tmp_path / "ran"
+    proc = start(
+        started, "run", "job", "--ttl", "1m", "--wait", "forever", "--dsn", url,
+        "--", sys.executable, "-c", f"open({str(mark)!r}, 'w').close()",
+    )  # fmt: skip
+    time.sleep(1.0)
+    assert proc.poll() is None and not mark.exists()
+    assert pylease("release", "job", "--holder", "a", "--dsn", url).returncode == 0
+    code, err = finish(proc)
+    assert code == 0, err
+    assert mark.exists()

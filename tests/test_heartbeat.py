@@ -41,8 +41,8 @@ def test_each_database_gets_its_own_statement_per_tick(fresh_db: Any, pg_templat
             assert wait_until(lambda: all(h._ticket.renewals >= 2 for h in helds))
         ticks = max(h._ticket.renewals for h in helds)
         for admin in admins:
-            assert wait_until(lambda a=admin: function_calls(a, "lease_renew_many") > 0)
-            calls = function_calls(admin, "lease_renew_many")
+            assert wait_until(lambda a=admin: function_calls(a, "lease_renew_each") > 0)
+            calls = function_calls(admin, "lease_renew_each")
             assert 2 <= calls <= ticks + 1, (calls, ticks)
     finally:
         for admin in admins:
@@ -95,9 +95,9 @@ def test_a_renewal_failure_is_logged_and_retried(
         lease(conn, "sweep", ttl=2) as held,
     ):
         assert wait_until(lambda: held._ticket.renewals >= 1)
-        admin.execute("ALTER FUNCTION lease_renew_many(text[], text[], interval) RENAME TO gone")
+        admin.execute("ALTER FUNCTION lease_renew_each(text[], text[], interval[]) RENAME TO gone")
         assert wait_until(lambda: any("renewing 1 lease" in r.getMessage() for r in caplog.records))
-        admin.execute("ALTER FUNCTION gone(text[], text[], interval) RENAME TO lease_renew_many")
+        admin.execute("ALTER FUNCTION gone(text[], text[], interval[]) RENAME TO lease_renew_each")
         renewals = held._ticket.renewals
         assert wait_until(lambda: held._ticket.renewals > renewals)
         sleep(0.1)

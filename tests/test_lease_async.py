@@ -1,10 +1,17 @@
-"""alease(), arun_exclusive() and akeep_fresh(): the async twins of test_lease.py."""
+# The source of tests/test_lease.py: tools/async_to_sync.py writes it from this file.
+"""alease(), arun_exclusive() and akeep_fresh() on a real PostgreSQL.
+
+test_lease.py, for lease(), run_exclusive() and keep_fresh(), is generated from
+test_lease_async.py; the tests that differ (tasks on one side, threads on the other)
+are the two halves of ``if True:  # ASYNC`` blocks there.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import pickle
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -13,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pylease import (
     DatabaseUnavailable,
@@ -25,7 +32,10 @@ from pylease import (
     akeep_fresh,
     alease,
     arun_exclusive,
+    keep_fresh,
+    lease,
 )
+from pylease._acompat import asleep
 from pylease.heartbeat_async import keeper
 from tests.helpers_lease import (
     DEAD_URL,
@@ -36,12 +46,19 @@ from tests.helpers_lease import (
     astatus,
     asteal,
     aterminate,
+    backends,
+    claim,
     function_calls,
+    status,
+    steal,
+    terminate,
     track_functions,
     wait_until,
 )
 
 AConn = psycopg.AsyncConnection[Any]
+if True:  # ASYNC
+    Conn = psycopg.Connection[Any]  # for the sync halves of the ASYNC blocks
 
 
 @pytest.fixture
@@ -57,7 +74,7 @@ async def test_heartbeat_holds_a_1s_lease_for_3s(aconn: AConn, aconn2: AConn) ->
         limit = time.monotonic() + 3
         while time.monotonic() < limit:
             assert await aclaim(aconn2, "sweep") is None
-            await asyncio.sleep(0.2)
+            await asleep(0.2)
         held.check()
         assert not held.lost
         row = await astatus(aconn2, "sweep")
@@ -66,66 +83,102 @@ async def test_heartbeat_holds_a_1s_lease_for_3s(aconn: AConn, aconn2: AConn) ->
     assert await aclaim(aconn2, "sweep") is not None
 
 
-async def test_a_steal_is_detected_and_cancels_the_body(aconn: AConn, aconn2: AConn) -> None:
-    seen: list[LeaseLost] = []
+if True:  # ASYNC
 
-    async def on_lost(error: LeaseLost) -> None:
-        seen.append(error)
+    async def test_a_steal_is_detected_and_cancels_the_body(aconn: AConn, aconn2: AConn) -> None:
+        seen: list[LeaseLost] = []
 
-    reached_the_end = False
-    with pytest.raises(LeaseLost) as raised:
-        async with alease(aconn, "sweep", ttl=0.6, on_lost=on_lost):
-            await asteal(aconn2, "sweep")
-            await asyncio.sleep(DETECT)
-            reached_the_end = True
-    assert not reached_the_end
-    assert raised.value.name == "sweep"
-    assert isinstance(raised.value.__cause__, asyncio.CancelledError)
-    assert seen and seen[0].name == "sweep"
-    task = asyncio.current_task()
-    assert task is not None and task.cancelling() == 0
-    row = await astatus(aconn2, "sweep")
-    assert row is not None and row["holder"] == "thief" and row["held"]
+        async def on_lost(error: LeaseLost) -> None:
+            seen.append(error)
+
+        reached_the_end = False
+        with pytest.raises(LeaseLost) as raised:
+            async with alease(aconn, "sweep", ttl=0.6, on_lost=on_lost):
+                await asteal(aconn2, "sweep")
+                await asleep(DETECT)
+                reached_the_end = True
+        assert not reached_the_end
+        assert raised.value.name == "sweep"
+        assert isinstance(raised.value.__cause__, asyncio.CancelledError)
+        assert seen and seen[0].name == "sweep"
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        row = await astatus(aconn2, "sweep")
+        assert row is not None and row["holder"] == "thief" and row["held"]
 
 
-async def test_a_steal_is_detected_without_cancelling(aconn: AConn, aconn2: AConn) -> None:
-    told = asyncio.Event()
-    with pytest.raises(LeaseLost):
-        async with alease(
-            aconn, "sweep", ttl=0.6, on_lost=lambda _e: told.set(), cancel_on_lost=False
-        ) as held:
-            await asteal(aconn2, "sweep")
-            await asyncio.wait_for(told.wait(), DETECT)
+if True:  # ASYNC
+
+    async def test_a_steal_is_detected_without_cancelling(aconn: AConn, aconn2: AConn) -> None:
+        told = asyncio.Event()
+        with pytest.raises(LeaseLost):
+            async with alease(
+                aconn, "sweep", ttl=0.6, on_lost=lambda _e: told.set(), cancel_on_lost=False
+            ) as held:
+                await asteal(aconn2, "sweep")
+                await asyncio.wait_for(told.wait(), DETECT)
+                assert held.lost
+                with pytest.raises(LeaseLost):
+                    held.check()
+
+else:
+
+    def test_a_steal_is_detected(conn: Conn, conn2: Conn) -> None:
+        told = threading.Event()
+        seen: list[LeaseLost] = []
+
+        def on_lost(error: LeaseLost) -> None:
+            seen.append(error)
+            told.set()
+
+        with (
+            pytest.raises(LeaseLost) as raised,
+            lease(conn, "sweep", ttl=0.6, on_lost=on_lost) as held,
+        ):
+            steal(conn2, "sweep")
+            assert told.wait(DETECT), "the heartbeat did not notice the steal"
             assert held.lost
             with pytest.raises(LeaseLost):
                 held.check()
+        assert raised.value.name == "sweep"
+        assert seen[0].name == "sweep"
+        row = status(conn2, "sweep")
+        assert row is not None and row["holder"] == "thief" and row["held"]
 
 
-async def test_an_outside_cancellation_stays_a_cancellation(aconn: AConn, aconn2: AConn) -> None:
-    async def body() -> None:
-        async with alease(aconn, "sweep", ttl=0.6):
-            await asyncio.sleep(DETECT)
+if True:  # ASYNC
 
-    task = asyncio.create_task(body())
-    await asyncio.sleep(0.2)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert keeper().tickets() == []
-    assert await aclaim(aconn2, "sweep") is not None  # released on the way out
+    async def test_an_outside_cancellation_stays_a_cancellation(
+        aconn: AConn, aconn2: AConn
+    ) -> None:
+        async def body() -> None:
+            async with alease(aconn, "sweep", ttl=0.6):
+                await asleep(DETECT)
+
+        task = asyncio.create_task(body())
+        await asleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert keeper().tickets() == []
+        assert await aclaim(aconn2, "sweep") is not None  # released on the way out
 
 
-async def test_an_outside_cancellation_stands_beside_a_loss(aconn: AConn, aconn2: AConn) -> None:
-    async def body() -> None:
-        async with alease(aconn, "sweep", ttl=0.6, on_lost=lambda _e: task.cancel()):
-            await asteal(aconn2, "sweep")
-            await asyncio.sleep(DETECT)
+if True:  # ASYNC
 
-    # on_lost cancels the task too, as an outside party would, right before the lease does.
-    task = asyncio.create_task(body())
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert keeper().tickets() == []
+    async def test_an_outside_cancellation_stands_beside_a_loss(
+        aconn: AConn, aconn2: AConn
+    ) -> None:
+        async def body() -> None:
+            async with alease(aconn, "sweep", ttl=0.6, on_lost=lambda _e: task.cancel()):
+                await asteal(aconn2, "sweep")
+                await asleep(DETECT)
+
+        # on_lost cancels the task too, as an outside party would, right before the lease does.
+        task = asyncio.create_task(body())
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert keeper().tickets() == []
 
 
 async def test_the_callers_rollback_keeps_the_renewals(aconn: AConn, aconn2: AConn) -> None:
@@ -156,7 +209,7 @@ async def test_the_heartbeat_reconnects_after_its_backend_is_terminated(
             pids = await abackends(aconn2, "pylease-heartbeat")
             if pids:
                 break
-            await asyncio.sleep(0.05)
+            await asleep(0.05)
         assert pids
         await aterminate(aconn2, pids)
         renewals = held._ticket.renewals
@@ -222,7 +275,7 @@ async def test_without_heartbeat_check_raises_once_the_ttl_ran_out(aconn: AConn)
     with pytest.raises(LeaseLost):
         async with alease(aconn, "sweep", ttl=0.2, heartbeat=False) as held:
             held.check()
-            await asyncio.sleep(0.3)
+            await asleep(0.3)
             assert held.lost
             with pytest.raises(LeaseLost):
                 held.check()
@@ -252,48 +305,102 @@ async def test_a_waiter_gets_an_expired_lease(aconn: AConn, aconn2: AConn) -> No
         assert row is not None and row["holder"] == held.holder
 
 
-async def _waiter(target: object, name: str, result: dict[str, Any], **options: Any) -> None:
-    try:
-        async with alease(target, name, ttl=5, **options) as held:
-            result["fence"] = held.fence
-            result["at"] = time.monotonic()
-    except Exception as exc:
-        result["error"] = exc
+if True:  # ASYNC
+
+    async def _waiter(target: object, name: str, result: dict[str, Any], **options: Any) -> None:
+        try:
+            async with alease(target, name, ttl=5, **options) as held:
+                result["fence"] = held.fence
+                result["at"] = time.monotonic()
+        except Exception as exc:
+            result["error"] = exc
+
+else:
+
+    def _wait_in_thread(target: object, name: str, **options: Any) -> tuple[threading.Thread, dict]:
+        result: dict[str, Any] = {}
+        started = threading.Event()
+
+        def run() -> None:
+            started.set()
+            t0 = time.monotonic()
+            try:
+                with lease(target, name, ttl=5, **options) as held:
+                    result["waited"] = time.monotonic() - t0
+                    result["fence"] = held.fence
+            except Exception as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        started.wait()
+        return thread, result
 
 
-async def test_a_handover_through_notify(dsn: str, aconn: AConn, aconn2: AConn) -> None:
-    # The holder's ttl and the poll interval are far longer than the bound, so only
-    # the release's NOTIFY can wake the waiter in time.
-    result: dict[str, Any] = {}
-    async with alease(aconn, "sweep", ttl=120):
-        task = asyncio.create_task(_waiter(dsn, "sweep", result, wait=60, poll_interval=60))
-        for _ in range(100):
-            if await abackends(aconn2, "pylease-listen"):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
-        released_at = time.monotonic()
-    await asyncio.wait_for(task, DETECT)
-    assert "fence" in result, result
-    assert result["at"] - released_at < 2.0
+if True:  # ASYNC
+
+    async def test_a_handover_through_notify(dsn: str, aconn: AConn, aconn2: AConn) -> None:
+        # The holder's ttl and the poll interval are far longer than the bound, so only
+        # the release's NOTIFY can wake the waiter in time.
+        result: dict[str, Any] = {}
+        async with alease(aconn, "sweep", ttl=120):
+            task = asyncio.create_task(_waiter(dsn, "sweep", result, wait=60, poll_interval=60))
+            for _ in range(100):
+                if await abackends(aconn2, "pylease-listen"):
+                    break
+                await asleep(0.05)
+            await asleep(0.2)
+            released_at = time.monotonic()
+        await asyncio.wait_for(task, DETECT)
+        assert "fence" in result, result
+        assert result["at"] - released_at < 2.0
+
+else:
+
+    def test_a_handover_through_notify(dsn: str, conn: Conn, conn2: Conn) -> None:
+        # The holder's ttl and the poll interval are far longer than the bound, so only
+        # the release's NOTIFY can wake the waiter in time.
+        with lease(conn, "sweep", ttl=120):
+            thread, result = _wait_in_thread(dsn, "sweep", wait=60, poll_interval=60)
+            assert wait_until(lambda: backends(conn2, "pylease-listen"))
+            time.sleep(0.2)
+            released_at = time.monotonic()
+        thread.join(DETECT)
+        assert "fence" in result, result
+        assert time.monotonic() - released_at < 2.0
 
 
-async def test_waiting_degrades_to_polling_when_listen_breaks(
-    dsn: str, aconn: AConn, aconn2: AConn
-) -> None:
-    result: dict[str, Any] = {}
-    async with alease(aconn, "sweep", ttl=120):
-        task = asyncio.create_task(_waiter(dsn, "sweep", result, wait=30, poll_interval=0.2))
-        pids: list[int] = []
-        for _ in range(100):
-            pids = await abackends(aconn2, "pylease-listen")
-            if pids:
-                break
-            await asyncio.sleep(0.05)
-        await aterminate(aconn2, pids)
-        await asyncio.sleep(0.3)
-    await asyncio.wait_for(task, DETECT)
-    assert "fence" in result, result
+if True:  # ASYNC
+
+    async def test_waiting_degrades_to_polling_when_listen_breaks(
+        dsn: str, aconn: AConn, aconn2: AConn
+    ) -> None:
+        result: dict[str, Any] = {}
+        async with alease(aconn, "sweep", ttl=120):
+            task = asyncio.create_task(_waiter(dsn, "sweep", result, wait=30, poll_interval=0.2))
+            pids: list[int] = []
+            for _ in range(100):
+                pids = await abackends(aconn2, "pylease-listen")
+                if pids:
+                    break
+                await asleep(0.05)
+            await aterminate(aconn2, pids)
+            await asleep(0.3)
+        await asyncio.wait_for(task, DETECT)
+        assert "fence" in result, result
+
+else:
+
+    def test_waiting_degrades_to_polling_when_listen_breaks(
+        dsn: str, conn: Conn, conn2: Conn
+    ) -> None:
+        with lease(conn, "sweep", ttl=120):
+            thread, result = _wait_in_thread(dsn, "sweep", wait=30, poll_interval=0.2)
+            assert wait_until(lambda: backends(conn2, "pylease-listen"))
+            terminate(conn2, backends(conn2, "pylease-listen"))
+            time.sleep(0.3)
+        thread.join(DETECT)
+        assert "fence" in result, result
 
 
 async def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
@@ -305,8 +412,8 @@ async def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
             await stack.enter_async_context(alease(dsn, f"job-{i}", ttl=0.9)) for i in range(1000)
         ]
         assert await asleep_until(lambda: all(h._ticket.renewals >= 2 for h in helds), 30)
-    assert wait_until(lambda: function_calls(conn, "lease_renew_many") > 0)
-    calls = function_calls(conn, "lease_renew_many")
+    assert wait_until(lambda: function_calls(conn, "lease_renew_each") > 0)
+    calls = function_calls(conn, "lease_renew_each")
     # Every tick renews all the leases still held; the first one taken is released last.
     ticks = max(h._ticket.renewals for h in helds)
     assert 2 <= calls <= ticks + 1, (calls, ticks)
@@ -411,12 +518,22 @@ async def test_invalid_arguments_raise_before_any_sql(
         await arun_exclusive(DEAD_URL, work=work, **args)
 
 
-async def test_a_target_of_the_wrong_kind_is_refused(conn: psycopg.Connection[Any]) -> None:
-    with pytest.raises(InvalidArgument, match="lease"):
-        async with alease(conn, "sweep", ttl=5):
+if True:  # ASYNC
+
+    async def test_a_target_of_the_wrong_kind_is_refused(conn: psycopg.Connection[Any]) -> None:
+        with pytest.raises(InvalidArgument, match="lease"):
+            async with alease(conn, "sweep", ttl=5):
+                pass
+        with pytest.raises(InvalidArgument, match="target"):
+            async with alease(42, "sweep", ttl=5):
+                pass
+
+else:  # sync: as is
+
+    def test_a_target_of_the_wrong_kind_is_refused(aconn: psycopg.AsyncConnection[Any]) -> None:
+        with pytest.raises(InvalidArgument, match="alease"), lease(aconn, "sweep", ttl=5):
             pass
-    with pytest.raises(InvalidArgument, match="target"):
-        async with alease(42, "sweep", ttl=5):
+        with pytest.raises(InvalidArgument, match="target"), lease(42, "sweep", ttl=5):
             pass
 
 
@@ -497,7 +614,7 @@ async def test_stopping_while_ticks_run_never_reports_a_loss(aconn: AConn) -> No
     # Bodies end at every phase of the renewal cycle (ttl/3 = 0.1 s).
     for i in range(20):
         async with alease(aconn, f"quick-{i}", ttl=0.3, on_lost=seen.append):
-            await asyncio.sleep(0.05 + (i % 7) * 0.03)
+            await asleep(0.05 + (i % 7) * 0.03)
     assert seen == []
     assert keeper().tickets() == []
 
@@ -508,7 +625,7 @@ async def test_keep_fresh_renews_somebody_elses_lease(
     await aclaim(aconn2, "sweep", holder="owner", ttl="600ms")
     async with akeep_fresh(dsn, "sweep", "owner") as held:
         assert held.holder == "owner" and held.fence == 1
-        await asyncio.sleep(1.5)
+        await asleep(1.5)
         assert await aclaim(aconn, "sweep") is None
         held.check()
     row = await astatus(aconn2, "sweep")
@@ -522,13 +639,28 @@ async def test_keep_fresh_of_a_lease_not_held_raises(dsn: str, aconn2: AConn) ->
             pytest.fail("the body ran")
 
 
-async def test_keep_fresh_notices_a_loss(dsn: str, aconn2: AConn) -> None:
-    await aclaim(aconn2, "sweep", holder="owner", ttl="600ms")
-    told = asyncio.Event()
-    with pytest.raises(LeaseLost):
-        async with akeep_fresh(dsn, "sweep", "owner", on_lost=lambda _e: told.set()) as held:
-            await asteal(aconn2, "sweep")
-            await asyncio.wait_for(told.wait(), DETECT)
+if True:  # ASYNC
+
+    async def test_keep_fresh_notices_a_loss(dsn: str, aconn2: AConn) -> None:
+        await aclaim(aconn2, "sweep", holder="owner", ttl="600ms")
+        told = asyncio.Event()
+        with pytest.raises(LeaseLost):
+            async with akeep_fresh(dsn, "sweep", "owner", on_lost=lambda _e: told.set()) as held:
+                await asteal(aconn2, "sweep")
+                await asyncio.wait_for(told.wait(), DETECT)
+                assert held.lost
+
+else:
+
+    def test_keep_fresh_notices_a_loss(dsn: str, conn2: Conn) -> None:
+        claim(conn2, "sweep", holder="owner", ttl="600ms")
+        told = threading.Event()
+        with (
+            pytest.raises(LeaseLost),
+            keep_fresh(dsn, "sweep", "owner", on_lost=lambda _e: told.set()) as held,
+        ):
+            steal(conn2, "sweep")
+            assert told.wait(DETECT)
             assert held.lost
 
 
@@ -549,11 +681,11 @@ async def test_a_lease_no_renewal_can_reach_is_lost_before_its_expiry(
                 pids = await abackends(aconn2, "pylease-heartbeat")
                 if pids:
                     break
-                await asyncio.sleep(0.05)
+                await asleep(0.05)
             await admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
             try:
                 await aterminate(aconn2, pids)
-                await asyncio.sleep(DETECT)  # cancelled by the loss
+                await asleep(DETECT)  # cancelled by the loss
             finally:
                 await admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
                 await admin.close()
@@ -562,17 +694,34 @@ async def test_a_lease_no_renewal_can_reach_is_lost_before_its_expiry(
     assert seen and seen[0] is not None and seen[0]["held"]
 
 
-async def test_heartbeat_target_names_where_renewals_run(
-    dsn: str, aconn: AConn, aconn2: AConn
-) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as dedicated:
-        async with alease(aconn, "a", ttl=0.6, heartbeat_target=dedicated) as held:
+if True:  # ASYNC
+
+    async def test_heartbeat_target_names_where_renewals_run(
+        dsn: str, aconn: AConn, aconn2: AConn
+    ) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as dedicated:
+            async with alease(aconn, "a", ttl=0.6, heartbeat_target=dedicated) as held:
+                assert await asleep_until(lambda: held._ticket.renewals >= 2)
+            assert not await abackends(aconn2, "pylease-heartbeat")
+        async with alease(aconn, "b", ttl=0.6, heartbeat_target=dsn) as held:
             assert await asleep_until(lambda: held._ticket.renewals >= 2)
-        assert not await abackends(aconn2, "pylease-heartbeat")
-    async with alease(aconn, "b", ttl=0.6, heartbeat_target=dsn) as held:
-        assert await asleep_until(lambda: held._ticket.renewals >= 2)
-    with pytest.raises(InvalidArgument, match="heartbeat_target"):
-        async with alease(dsn, "c", ttl=1, heartbeat_target=dsn):
+        with pytest.raises(InvalidArgument, match="heartbeat_target"):
+            async with alease(dsn, "c", ttl=1, heartbeat_target=dsn):
+                pass
+
+else:
+
+    def test_heartbeat_target_names_where_renewals_run(dsn: str, conn: Conn, conn2: Conn) -> None:
+        with psycopg.connect(dsn, autocommit=True) as dedicated:
+            with lease(conn, "a", ttl=0.6, heartbeat_target=dedicated) as held:
+                assert wait_until(lambda: held._ticket.renewals >= 2)
+            assert not backends(conn2, "pylease-heartbeat")
+        with lease(conn, "b", ttl=0.6, heartbeat_target=dsn) as held:
+            assert wait_until(lambda: held._ticket.renewals >= 2)
+        with (
+            pytest.raises(InvalidArgument, match="heartbeat_target"),
+            lease(dsn, "c", ttl=1, heartbeat_target=dsn),
+        ):
             pass
 
 
@@ -586,20 +735,39 @@ async def test_the_heartbeat_connection_carries_the_password(dsn: str) -> None:
         assert "password=s3cret" in connection_conninfo(mine)
 
 
-async def test_a_pool_target_waits_through_notify(dsn: str, aconn: AConn, aconn2: AConn) -> None:
-    result: dict[str, Any] = {}
-    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
-        async with alease(aconn, "sweep", ttl=120):
-            task = asyncio.create_task(_waiter(pool, "sweep", result, wait=60, poll_interval=60))
-            for _ in range(100):
-                if await abackends(aconn2, "pylease-listen"):
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.2)
-            released_at = time.monotonic()
-        await asyncio.wait_for(task, DETECT)
-    assert "fence" in result, result
-    assert result["at"] - released_at < 2.0
+if True:  # ASYNC
+
+    async def test_a_pool_target_waits_through_notify(
+        dsn: str, aconn: AConn, aconn2: AConn
+    ) -> None:
+        result: dict[str, Any] = {}
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+            async with alease(aconn, "sweep", ttl=120):
+                task = asyncio.create_task(
+                    _waiter(pool, "sweep", result, wait=60, poll_interval=60)
+                )
+                for _ in range(100):
+                    if await abackends(aconn2, "pylease-listen"):
+                        break
+                    await asleep(0.05)
+                await asleep(0.2)
+                released_at = time.monotonic()
+            await asyncio.wait_for(task, DETECT)
+        assert "fence" in result, result
+        assert result["at"] - released_at < 2.0
+
+else:
+
+    def test_a_pool_target_waits_through_notify(dsn: str, conn: Conn, conn2: Conn) -> None:
+        with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+            with lease(conn, "sweep", ttl=120):
+                thread, result = _wait_in_thread(pool, "sweep", wait=60, poll_interval=60)
+                assert wait_until(lambda: backends(conn2, "pylease-listen"))
+                time.sleep(0.2)
+                released_at = time.monotonic()
+            thread.join(DETECT)
+            assert "fence" in result, result
+            assert time.monotonic() - released_at < 2.0
 
 
 async def test_a_schema_named_in_the_connection_string_reaches_the_heartbeat(

@@ -467,3 +467,62 @@ def test_0003_names_a_view_on_lease_status_that_must_be_recreated(fresh_db: Any)
         c.execute("DROP VIEW my_leases")
     _migrate_to(url, "pylease-0003-operations")
     assert applied(url) == IDS[:3]
+
+
+# A schema installed with `psql -f sql/postgres/schema.sql` (issue 16) ----------------
+
+
+def _forget_yoyo(url: str) -> None:
+    """What a schema.sql install of that version looks like: the objects, no records."""
+    with psycopg.connect(url, autocommit=True) as c:
+        for table in ("_yoyo_migration", "_yoyo_log", "_yoyo_version", "_pylease_yoyo_lock"):
+            c.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+def test_migrate_takes_over_a_schema_sql_install(empty_dsn: str) -> None:
+    from tests.test_schema import catalog
+
+    script = (data_dir("sql", "postgres") / "schema.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(script)  # type: ignore[call-overload]
+        assert c.execute("SELECT lease_claim('kept', '1 hour', 'me')").fetchone() == (1,)
+    before = catalog(empty_dsn)
+    said: list[str] = []
+    assert pylease.migrate.migrate(empty_dsn, say=said.append) == []
+    assert said[0] == (
+        f"schema 'public' was installed from schema.sql at {IDS[-1]}: "
+        f"recorded {len(IDS)} migrations as applied"
+    )
+    assert applied(empty_dsn) == IDS
+    assert catalog(empty_dsn) == before
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert c.execute("SELECT holder, fence FROM lease_status('kept')").fetchone() == ("me", 1)
+        # No probe schema is left behind.
+        assert c.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pylease_probe%'"
+        ).fetchone() == (0,)
+    assert pylease.migrate.migrate(empty_dsn, say=quiet_say) == []
+
+
+def quiet_say(_line: str) -> None:
+    pass
+
+
+def test_migrate_takes_over_an_older_schema_sql_install_and_upgrades_it(fresh_db: Any) -> None:
+    url: str = fresh_db()
+    _migrate_to(url, IDS[-2])
+    _forget_yoyo(url)
+    said: list[str] = []
+    assert pylease.migrate.migrate(url, say=said.append) == [IDS[-1]]
+    assert said[0].endswith(f"at {IDS[-2]}: recorded {len(IDS) - 1} migrations as applied")
+    assert applied(url) == IDS
+
+
+def test_migrate_refuses_pylease_objects_that_match_no_version(empty_dsn: str) -> None:
+    script = (data_dir("sql", "postgres") / "schema.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(script)  # type: ignore[call-overload]
+        c.execute("ALTER TABLE pylease_leases ADD COLUMN mine text")
+    with pytest.raises(pylease.migrate.MigrationError, match="match no released version"):
+        pylease.migrate.migrate(empty_dsn, say=quiet_say)
+    assert applied(empty_dsn) == []

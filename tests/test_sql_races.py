@@ -365,3 +365,28 @@ def test_a_claim_after_the_holders_release_waits_for_its_fenced_transaction(
         wait_blocked(conn, claimer)
         assert not taken.done()
     assert taken.result(timeout=30) == 2
+
+
+def test_a_claim_waiting_on_a_fenced_transaction_never_holds_up_renewals(
+    report: Conn, connect: Connect, background: Callable[..., Future[Any]]
+) -> None:
+    conn = report
+    for name in ("sweep", "other"):
+        assert one(conn, "SELECT lease_claim(%s, %s, 'alice')", (name, HOUR)) == 1
+    writer, claimer, keeper = connect(), blocking_conn(connect), impatient_conn(connect)
+    with writer.transaction():
+        assert writer.execute(FENCED_WRITE, (1, "fenced", "alice", 1)).rowcount == 1
+        conn.execute(
+            "UPDATE pylease_leases SET expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE name = 'sweep'"
+        )
+        taken = background(one, claimer, "SELECT lease_claim('sweep', %s, 'bob')", (HOUR,))
+        wait_blocked(conn, claimer)
+        # The waiting claimer queues for the row; the holder's batch renewal does not.
+        assert keeper.execute(
+            "SELECT * FROM lease_renew_many('{other,sweep}', '{alice,alice}')"
+        ).fetchall() == [("other", True), ("sweep", True)]
+        assert not taken.done()
+    # Renewed before anyone took it: the claim finds the lease busy once it may look.
+    assert taken.result(timeout=30) is None
+    assert one(conn, "SELECT holder FROM lease_status('sweep')") == "alice"

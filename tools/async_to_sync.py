@@ -15,6 +15,7 @@ What changes, in code:
 - ``if True:  # ASYNC`` blocks keep only their ``else:`` body (none without one): the
   deliberate differences, marked where they are;
 - an ``except ...:  # ASYNC`` clause is dropped with its body;
+- an ``else:  # sync: as is`` body keeps its names (sync code that uses an async name);
 - a comment line ``# sync: <code>`` becomes ``<code>``, names as they are: the sync
   side's import of an async name (``AsyncBackend`` from the async module).
 
@@ -50,8 +51,9 @@ PAIRS = [
     ("pylease/_waiting_async.py", "pylease/_waiting.py"),
     ("pylease/heartbeat_async.py", "pylease/heartbeat.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
-    ("pylease/leader_async.py", "pylease/leader.py"),
+    ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("tests/test_heartbeat_async.py", "tests/test_heartbeat.py"),
+    ("tests/test_lease_async.py", "tests/test_lease.py"),
 ]
 
 NAMES = {
@@ -67,8 +69,9 @@ NAMES = {
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
     "AsyncLostCallback": "LostCallback",
+    "AsyncTarget": "Target",
     # leader election
-    "leader_async": "leader",
+    "leadership_async": "leadership",
     "aleader": "leader",
     "arun_as_leader": "run_as_leader",
     "acurrent_leader": "current_leader",
@@ -117,11 +120,9 @@ NAMES = {
     "AWorker": "Worker",
     "aspawn": "spawn",
     "asleep": "sleep",
-    "await_for": "call_for",
     "ashield": "shield",
     "ato_thread": "to_thread",
     "acondition_wait": "condition_wait",
-    "aevent_wait": "event_wait",
     # the keeper's worker
     "_task": "_thread",
     # names the tests use
@@ -177,6 +178,7 @@ class _Plan(ast.NodeVisitor):
         self.lines = lines
         self.drop: set[int] = set()  # 1-based line numbers
         self.dedent: set[int] = set()
+        self.as_is: set[int] = set()
         # Text to cut: ((line, column), (line, column)), columns in characters.
         self.cuts: list[tuple[tuple[int, int], tuple[int, int]]] = []
 
@@ -223,6 +225,10 @@ class _Plan(ast.NodeVisitor):
             raise SyntaxError(f"line {node.lineno}: cannot find the else of this ASYNC block")
         self.drop.update(range(node.lineno, else_line + 1))
         self.dedent.update(range(else_line + 1, end + 1))
+        if re.search(r"#\s*sync: as is\b", self.lines[else_line - 1]):
+            # Sync code as it stands, with sync names only (a test of the async API
+            # from sync code, say): nothing in it is renamed.
+            self.as_is.update(range(else_line + 1, end + 1))
         for child in node.orelse:
             self.visit(child)
 
@@ -242,7 +248,10 @@ class _Plan(ast.NodeVisitor):
 
 
 def _convert_tokens(
-    source: str, drop: set[int], cuts: list[tuple[tuple[int, int], tuple[int, int]]]
+    source: str,
+    drop: set[int],
+    cuts: list[tuple[tuple[int, int], tuple[int, int]]],
+    as_is: set[int],
 ) -> str:
     """The source with async keywords gone and names renamed; its lines stay where they are."""
     starts = [0]
@@ -255,7 +264,7 @@ def _convert_tokens(
     edits = [(offset(start), offset(end), "") for start, end in cuts if start[0] not in drop]
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     for i, tok in enumerate(tokens):
-        if tok.start[0] in drop:
+        if tok.start[0] in drop or tok.start[0] in as_is:
             continue
         if tok.type == tokenize.COMMENT and _SYNC_LINE.match(tok.line):
             edits.append((offset(tok.start), offset(tok.end), tok.string.split(":", 1)[1][1:]))
@@ -287,7 +296,7 @@ def convert(source: str, source_name: str) -> str:
         if not line.startswith("#"):
             break
         plan.drop.add(number)
-    lines = _convert_tokens(source, plan.drop, plan.cuts).splitlines(keepends=True)
+    lines = _convert_tokens(source, plan.drop, plan.cuts, plan.as_is).splitlines(keepends=True)
     out: list[str] = []
     for number, line in enumerate(lines, start=1):
         if number in plan.drop:

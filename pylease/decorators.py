@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from pylease import _validate
+from pylease._types import AsyncTarget, Duration, Target
 from pylease.errors import InvalidArgument
 from pylease.leasing import lease, run_exclusive
 from pylease.leasing_async import alease, arun_exclusive
@@ -57,9 +58,9 @@ class ExclusiveOrRaise(Protocol):
 
 @overload
 def exclusive(
-    target: object,
+    target: Target | AsyncTarget,
     name: str,
-    ttl: object,
+    ttl: Duration,
     *,
     busy: Literal["return"] = "return",
     **lease_options: Any,
@@ -68,12 +69,22 @@ def exclusive(
 
 @overload
 def exclusive(
-    target: object, name: str, ttl: object, *, busy: Literal["raise"], **lease_options: Any
+    target: Target | AsyncTarget,
+    name: str,
+    ttl: Duration,
+    *,
+    busy: Literal["raise"],
+    **lease_options: Any,
 ) -> ExclusiveOrRaise: ...
 
 
 def exclusive(
-    target: object, name: str, ttl: object, *, busy: Busy = "return", **lease_options: Any
+    target: Target | AsyncTarget,
+    name: str,
+    ttl: Duration,
+    *,
+    busy: Busy = "return",
+    **lease_options: Any,
 ) -> ExclusiveOrNone | ExclusiveOrRaise:
     """Run each call of the decorated function under the lease ``name``.
 
@@ -122,7 +133,7 @@ def exclusive(
 
 def _sync_wrapper(
     fn: Callable[..., Any],
-    target: object,
+    target: Any,  # Target or AsyncTarget: the lease function checks it
     lease_name: Callable[[tuple[Any, ...], dict[str, Any]], str],
     ttl: Any,
     busy: Busy,
@@ -141,7 +152,7 @@ def _sync_wrapper(
 
 def _async_wrapper(
     fn: Callable[..., Any],
-    target: object,
+    target: Any,  # Target or AsyncTarget: the lease function checks it
     lease_name: Callable[[tuple[Any, ...], dict[str, Any]], str],
     ttl: Any,
     busy: Busy,

@@ -1,0 +1,52 @@
+"""The claims live in this process, by name and holder: one holder names one claim.
+
+Two live leases of the same name with the same holder would both believe they hold
+it, with the same fence, and the first to leave would release it under the other
+(issue 10, defect 10). Shared by the sync and async APIs, and so by every thread and
+event loop of the process; a forked child starts with none (it holds none of its
+parent's leases).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from pylease.errors import InvalidArgument
+
+_lock = threading.Lock()
+_live: set[tuple[str, str]] = set()
+
+
+def enter(name: str, holder: str) -> None:
+    """Record a claim of ``name`` by ``holder``.
+
+    :raises InvalidArgument: the same holder already has a live lease of that name here.
+    """
+    with _lock:
+        if (name, holder) in _live:
+            raise InvalidArgument(
+                f"pylease: holder {holder!r} already has a live lease {name!r} in this"
+                " process: a holder names one claim (use a holder of its own for each"
+                " claim, or keep_fresh to renew a live lease)",
+                parameter="holder",
+                name=name,
+            )
+        _live.add((name, holder))
+
+
+def leave(name: str, holder: str) -> None:
+    """Forget the claim; nothing if it was not recorded."""
+    with _lock:
+        _live.discard((name, holder))
+
+
+def _after_fork() -> None:
+    global _lock, _live
+    # The lock may have been held by another thread at the fork: a new one.
+    _lock = threading.Lock()
+    _live = set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)

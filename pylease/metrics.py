@@ -1,0 +1,140 @@
+"""``pylease metrics``: the leases as Prometheus metrics, through ``prometheus-client``.
+
+Read only through the lease functions (``lease_status``, ``lease_counters``), so a
+role that may only EXECUTE them can run it. Every series is labelled ``name``: one
+series per lease name and metric, so names made per tenant or per job multiply
+them; ``--names`` keeps the ones that matter (shell-style patterns).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import socket
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pylease._backend import LeaseRow
+
+# (status rows, counter rows, the database's clock); raises when the database cannot answer.
+Reader = Callable[[], tuple[list[LeaseRow], list[Any], datetime]]
+OnError = Callable[[Exception], None]
+
+GAUGES = (
+    ("pylease_lease_held", "1 while the lease is held (unexpired, not released), else 0."),
+    (
+        "pylease_lease_expires_in_seconds",
+        "Seconds until a held lease expires (0 when not held).",
+    ),
+    ("pylease_lease_fence", "The lease's fence token: grows with every new grant."),
+    (
+        "pylease_lease_held_for_seconds",
+        "Seconds since the current holder was granted the lease (0 when not held).",
+    ),
+)
+COUNTERS = (
+    ("pylease_grants", "New tenures: claims, takeovers and steals alike."),
+    (
+        "pylease_takeovers",
+        "Claims after the previous holder's ttl ran out without a release "
+        "(a holder died or stalled).",
+    ),
+    ("pylease_steals", "Steals from a holder whose lease was unexpired."),
+    ("pylease_releases", "Releases."),
+)
+
+
+def wanted(names: Sequence[str]) -> Callable[[str], bool]:
+    """A filter for lease names: every name when ``names`` is empty."""
+    if not names:
+        return lambda _name: True
+    return lambda name: any(fnmatch.fnmatchcase(name, pattern) for pattern in names)
+
+
+class LeaseCollector(Collector):
+    """Reads the leases at every scrape; ``pylease_up`` says whether that worked."""
+
+    def __init__(self, read: Reader, names: Sequence[str] = (), on_error: OnError | None = None):
+        self._read = read
+        self._wanted = wanted(names)
+        self._on_error = on_error
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("pylease_up", "1 if pylease could read the leases, else 0.")
+        try:
+            rows, counters, now = self._read()
+        except Exception as exc:
+            if self._on_error is not None:
+                self._on_error(exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from self._gauges([r for r in rows if self._wanted(r.name)], now)
+        yield from self._counters([c for c in counters if self._wanted(c.name)])
+
+    @staticmethod
+    def _gauges(rows: Iterable[LeaseRow], now: datetime) -> Iterator[Metric]:
+        families = {key: GaugeMetricFamily(key, doc, labels=["name"]) for key, doc in GAUGES}
+        for row in rows:
+            held = row.held
+            left = max(row.expires_at - now, timedelta(0)) if held else timedelta(0)
+            held_for = max(now - row.acquired_at, timedelta(0)) if held else timedelta(0)
+            families["pylease_lease_held"].add_metric([row.name], 1 if held else 0)
+            families["pylease_lease_expires_in_seconds"].add_metric(
+                [row.name], left.total_seconds()
+            )
+            families["pylease_lease_fence"].add_metric([row.name], row.fence)
+            families["pylease_lease_held_for_seconds"].add_metric(
+                [row.name], held_for.total_seconds()
+            )
+        yield from families.values()
+
+    @staticmethod
+    def _counters(rows: Iterable[Any]) -> Iterator[Metric]:
+        families = {key: CounterMetricFamily(key, doc, labels=["name"]) for key, doc in COUNTERS}
+        for row in rows:
+            families["pylease_grants"].add_metric([row.name], row.grants)
+            families["pylease_takeovers"].add_metric([row.name], row.takeovers)
+            families["pylease_steals"].add_metric([row.name], row.steals)
+            families["pylease_releases"].add_metric([row.name], row.releases)
+        yield from families.values()
+
+
+def registry_for(collector: Collector) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def text(collector: Collector) -> str:
+    """The Prometheus text format, once (for node_exporter's textfile collector)."""
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry_for(collector)).decode()
+
+
+def serve(collector: Collector, host: str, port: int, ready: Callable[[str, int], None]) -> None:
+    """Serve ``/metrics`` on ``host:port`` until interrupted; ``ready`` gets the bound port."""
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # one line per scrape would drown what matters on stderr
+
+    class Server(WSGIServer):
+        allow_reuse_address = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    app = make_wsgi_app(registry_for(collector))
+    with make_server(host, port, app, server_class=Server, handler_class=Quiet) as server:
+        ready(host, server.server_port)
+        server.serve_forever()

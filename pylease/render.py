@@ -1,0 +1,368 @@
+"""What the ``pylease`` command shows: tables, the busy line, the spinner, log lines.
+
+The commands (:mod:`pylease.cli`) decide what to do; this module decides how it
+reads. Names and holders are data from whoever claimed: everything shown passes
+through :func:`printable`, so it never drives the terminal nor hides how two
+look-alike holders differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import typer
+
+from pylease import durations
+from pylease._backend import LeaseRow
+
+PREFIX = "pylease: "
+ELLIPSIS = "…"
+GAP = "  "
+# Below these the table stops shrinking a column and lets the line run long.
+MIN_NAME = 12
+MIN_HOLDER = 12
+
+
+def say(message: str) -> None:
+    """One line on stderr, with one ``pylease:`` prefix however the message was built."""
+    typer.echo(PREFIX + strip_prefix(message), err=True)
+
+
+def strip_prefix(message: str) -> str:
+    """``message`` without ``pylease:`` prefixes, leading or after a colon (chained errors)."""
+    text = message.removeprefix(PREFIX)
+    return text.replace(": " + PREFIX, ": ")
+
+
+def printable(text: str) -> str:
+    """``text`` with control and invisible characters spelled out (``\\x1b``, ``\\u200b``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def iso(moment: datetime) -> str:
+    return aware(moment).isoformat()
+
+
+def ago(span: timedelta) -> str:
+    """``3m ago`` (``now`` under a second), for times in the past."""
+    if span < timedelta(seconds=1):
+        return "now"
+    return f"{durations.spell(span)} ago"
+
+
+def row_json(row: LeaseRow) -> dict[str, Any]:
+    """One lease for ``status --json``: ISO-8601 times, ``ttl`` in seconds."""
+    return {
+        "name": row.name,
+        "holder": row.holder,
+        "fence": row.fence,
+        "held": row.held,
+        "acquired_at": iso(row.acquired_at),
+        "renewed_at": iso(row.renewed_at),
+        "expires_at": iso(row.expires_at),
+        # Added after the first release: at the end, as lease_status's own columns.
+        "state": row.state,
+        "ttl": row.ttl.total_seconds(),
+    }
+
+
+def busy_line(name: str, row: LeaseRow | None, now: datetime, where: str | None = None) -> str:
+    """Why a claim was refused: who holds the lease, with which fence, until when."""
+    place = f" (in {where})" if where else ""
+    if row is None:
+        return f"lease {name!r} is busy{place}"
+    left = aware(row.expires_at) - now
+    by = printable(row.holder)
+    if row.held:
+        until = durations.relative(left, "expires in {}", "expired {} ago")
+        return f"lease {name!r} is held by {by} (fence {row.fence}, {until}){place}"
+    until = durations.relative(left, "claimable in {}", "free {} ago")
+    return f"lease {name!r} was released by {by} and rests until its min-hold ({until}){place}"
+
+
+def taken_line(name: str, row: LeaseRow, event: Any | None, now: datetime) -> str:
+    """Who has the lease we lost, and how they got it, as the database recorded it."""
+    by = printable(row.holder)
+    if event is not None and event.fence == row.fence and event.event in ("stolen", "taken_over"):
+        when = ago(now - aware(event.at))
+        how = "stole it" if event.event == "stolen" else "took it over after its ttl ran out"
+        return f"lease {name!r} is now held by {by} (fence {row.fence}), who {how} ({when})"
+    return f"lease {name!r} is now held by {by} (fence {row.fence})"
+
+
+# The status table ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cells:
+    name: str
+    state: str
+    holder: str
+    fence: str
+    age: str
+    expires: str
+
+
+HEADER = Cells("NAME", "STATE", "HOLDER", "FENCE", "AGE", "EXPIRES")
+
+
+def cells(row: LeaseRow, now: datetime) -> Cells:
+    """AGE is how long the state has lasted: held for, or free since; EXPIRES is when
+    a held lease runs out, or when a resting one becomes claimable."""
+    state = row.state
+    expires = aware(row.expires_at) - now
+    if state == "held":
+        age = durations.spell(now - aware(row.acquired_at))
+        until = durations.relative(expires, "in {}", "{} ago")
+    elif state == "resting":
+        age = "-"  # the release's own time is not kept
+        until = durations.relative(expires, "claimable in {}", "now")
+    else:
+        age = durations.spell(now - aware(row.expires_at)) if expires <= timedelta(0) else "-"
+        until = "-"
+    return Cells(printable(row.name), state, printable(row.holder), str(row.fence), age, until)
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters: both ends tell holders apart
+    (the host in front, the random part at the back)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return ELLIPSIS[:width]
+    head = width // 2
+    tail = width - 1 - head
+    return text[:head] + ELLIPSIS + (text[-tail:] if tail else "")
+
+
+def fold(text: str, width: int) -> list[str]:
+    """``text`` in lines of ``width``: a name is never cut, only folded."""
+    if width <= 0 or len(text) <= width:
+        return [text]
+    return [text[i : i + width] for i in range(0, len(text), width)]
+
+
+def table(rows: Sequence[LeaseRow], now: datetime, width: int | None) -> list[str]:
+    """The lines of ``pylease status``; within ``width`` columns unless None (``--wide``).
+
+    The narrow columns keep their size; NAME and HOLDER share the rest. Holders are
+    shortened in the middle, names folded onto more lines, never shortened: a name
+    is what an operator types next.
+    """
+    body = [cells(row, now) for row in rows]
+    every = [HEADER, *body]
+
+    def widest(get: Callable[[Cells], str]) -> int:
+        return max(len(get(c)) for c in every)
+
+    fixed = {
+        "state": widest(lambda c: c.state),
+        "fence": widest(lambda c: c.fence),
+        "age": widest(lambda c: c.age),
+        "expires": widest(lambda c: c.expires),
+    }
+    name_w, holder_w = widest(lambda c: c.name), widest(lambda c: c.holder)
+    if width is not None:
+        room = width - sum(fixed.values()) - len(GAP) * 5
+        if name_w + holder_w > room:
+            if room - name_w >= MIN_HOLDER:  # names whole, holders shortened
+                holder_w = room - name_w
+            else:  # both long: enough of a holder to tell two apart, names folded
+                holder_w = min(holder_w, max(room * 2 // 5, MIN_HOLDER))
+                name_w = min(name_w, max(room - holder_w, MIN_NAME))
+    lines = []
+    for c in every:
+        names = fold(c.name, name_w)
+        holder = shorten(c.holder, holder_w)
+        first = [
+            names[0].ljust(name_w),
+            c.state.ljust(fixed["state"]),
+            holder.ljust(holder_w),
+            c.fence.rjust(fixed["fence"]),
+            c.age.rjust(fixed["age"]),
+            c.expires,
+        ]
+        lines.append(GAP.join(first).rstrip())
+        lines.extend(part.rstrip() for part in names[1:])
+    return lines
+
+
+# History ------------------------------------------------------------------------
+
+
+def history_lines(events: Sequence[Any], now: datetime, width: int | None) -> list[str]:
+    """``pylease history``: newest first, ``3m ago`` with the time itself beside it."""
+    head = ("WHEN", "AT", "NAME", "EVENT", "HOLDER", "FENCE", "PREVIOUS")
+    body = [
+        (
+            ago(now - aware(e.at)),
+            aware(e.at).astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+            printable(e.name),
+            e.event,
+            printable(e.holder or "-"),
+            str(e.fence) if e.fence is not None else "-",
+            printable(e.previous_holder or "-"),
+        )
+        for e in events
+    ]
+    every = [head, *body]
+    sizes = [max(len(r[i]) for r in every) for i in range(len(head))]
+    if width is not None:
+        fixed = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[5] + len(GAP) * 6
+        share = max((width - fixed) // 2, MIN_HOLDER)
+        sizes[4] = min(sizes[4], share)
+        sizes[6] = min(sizes[6], share)
+    lines = []
+    for r in every:
+        shown = [
+            r[0].ljust(sizes[0]),
+            r[1].ljust(sizes[1]),
+            r[2].ljust(sizes[2]),
+            r[3].ljust(sizes[3]),
+            shorten(r[4], sizes[4]).ljust(sizes[4]),
+            r[5].rjust(sizes[5]),
+            shorten(r[6], sizes[6]),
+        ]
+        lines.append(GAP.join(shown).rstrip())
+    return lines
+
+
+# Waiting ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def spinner(name: str, quiet: bool) -> Iterator[Callable[[LeaseRow | None], None]]:
+    """A spinner on stderr, shown from the first busy claim on, only on a terminal.
+
+    The callback is what :func:`pylease.leasing.acquire` calls after a busy attempt.
+    """
+    if quiet or not sys.stderr.isatty():
+        yield lambda _row: None
+        return
+    from rich.console import Console
+    from rich.status import Status
+    from rich.text import Text
+
+    shown: list[Status] = []
+
+    def show(row: LeaseRow | None) -> None:
+        who = f": held by {printable(row.holder)}" if row is not None and row.held else ""
+        text = Text(f"waiting for lease {name!r}{who}")
+        if not shown:
+            shown.append(Console(stderr=True).status(text))
+            shown[0].start()
+        shown[0].update(text)
+
+    try:
+        yield show
+    finally:
+        if shown:
+            shown[0].stop()
+
+
+# The library's log, as the command's stderr ----------------------------------------
+
+
+class StderrLog(logging.Handler):
+    """The library's warnings as stderr lines (and everything with ``-v``).
+
+    Records are recognised by their ``pylease_event`` attribute, never by their text:
+    a lost lease is left out (``pylease run`` says so itself, with what it does about
+    it); a database outage under a held lease is one line when renewals start
+    failing, with the moment the lease runs out, and one when they work again.
+    """
+
+    def __init__(self, verbose: Callable[[], bool]) -> None:
+        super().__init__(logging.DEBUG)
+        self._verbose = verbose
+        self._lock_episode = threading.Lock()
+        self._failing: set[str] = set()
+
+    def failing(self, name: str) -> bool:
+        """True while renewals of ``name`` fail (an outage is going on)."""
+        with self._lock_episode:
+            return name in self._failing
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        event = getattr(record, "pylease_event", None)
+        if event == "lost":
+            return False
+        if event in ("renew_failed", "renew_recovered"):
+            return True
+        return record.levelno >= logging.WARNING or self._verbose()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "pylease_event", None)
+        if event == "renew_failed":
+            self._failed(record)
+            return
+        if event == "renew_recovered":
+            self._recovered(record)
+            return
+        message = record.getMessage()
+        if record.exc_info and self._verbose():
+            message += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        say(message)
+
+    def _failed(self, record: logging.LogRecord) -> None:
+        names: list[str] = list(getattr(record, "pylease_names", []))
+        with self._lock_episode:
+            new = [n for n in names if n not in self._failing]
+            self._failing.update(names)
+        if not new:
+            if self._verbose():
+                say(record.getMessage())
+            return
+        left = float(getattr(record, "pylease_expires_in", 0.0))
+        deadline = datetime.now().astimezone() + timedelta(seconds=max(left, 0.0))
+        error = getattr(record, "pylease_error", None)
+        why = strip_prefix(" ".join(str(error).split())) if error is not None else "error"
+        leases = ", ".join(repr(n) for n in new)
+        say(
+            f"renewing lease {leases} failed ({why}); retrying until it expires at "
+            f"{deadline:%H:%M:%S} (in {durations.spell(timedelta(seconds=max(left, 0)))})"
+        )
+
+    def _recovered(self, record: logging.LogRecord) -> None:
+        names: list[str] = list(getattr(record, "pylease_names", []))
+        with self._lock_episode:
+            back = [n for n in names if n in self._failing]
+            self._failing.difference_update(names)
+        if back:
+            attempts = getattr(record, "pylease_attempt", 0)
+            leases = ", ".join(repr(n) for n in back)
+            say(f"renewing lease {leases} works again, after {attempts} failed attempt(s)")
+
+
+def watch_frames(
+    draw: Callable[[], list[str]], wake: Callable[[float], None], tty: bool
+) -> Iterator[str]:
+    """The frames of ``status --watch``: a new one whenever the drawing changes.
+
+    ``wake(timeout)`` returns early when something happened (a NOTIFY); the drawing
+    is looked at again at least every second, since ages and expiries move.
+    """
+    last: list[str] | None = None
+    while True:
+        lines = draw()
+        if lines != last:
+            clear = "\x1b[H\x1b[2J" if tty else ("\n" if last is not None else "")
+            stamp = time.strftime("%H:%M:%S")
+            yield clear + "\n".join([*lines, f"(watching, {stamp}; Ctrl-C to stop)"])
+            last = lines
+        wake(1.0)
