@@ -200,12 +200,6 @@ def test_a_lost_release_frees_the_lease_by_expiry_with_a_higher_fence(sync_pair:
         assert held.fence > fence
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=DatabaseUnavailable,
-    reason="needs a waiter to retry a DatabaseUnavailable with backoff until its wait's "
-    "deadline instead of raising at once (pylease/leasing*.py acquire), from gen",
-)
 def test_a_waiter_on_a_multi_host_dsn_rides_out_a_failover(sync_pair: Pair) -> None:
     conn, pg = backend(sync_pair.primary.url)
     with conn:

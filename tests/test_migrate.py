@@ -28,6 +28,7 @@ IDS = [
     "pylease-0002-safety",
     "pylease-0003-operations",
     "pylease-0004-faster",
+    "pylease-0005-waiters",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
@@ -153,6 +154,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "_yoyo_version",
         "pylease_events",
         "pylease_leases",
+        "pylease_waiters",
     ]
     # Independent of the copy in public that the test database already has.
     assert claims(dsn, schema) == 1

@@ -27,6 +27,7 @@ MIGRATIONS = [
     "pylease-0002-safety",
     "pylease-0003-operations",
     "pylease-0004-faster",
+    "pylease-0005-waiters",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -40,6 +41,8 @@ FUNCTIONS = (
     "lease_counters",
     "lease_history",
     "lease_prune_history",
+    "lease_wait",
+    "lease_unwait",
 )
 HELPERS = (
     "pylease_check_key",
@@ -149,8 +152,13 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_leases",
         "pylease_leases_fence",
         "pylease_leases_pkey",
+        "pylease_waiters",
+        "pylease_waiters_id_seq",
+        "pylease_waiters_name_id",
+        "pylease_waiters_name_waiter_key",
+        "pylease_waiters_pkey",
     ]
-    assert len(expected["constraints"]) == 5
+    assert len(expected["constraints"]) == 7
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:

@@ -129,6 +129,9 @@ SIGNATURES = {
         " previous_holder text)",
     ),
     "lease_prune_history": ("older_than interval", "bigint"),
+    # 0005: the queue of waiting processes (issue 13).
+    "lease_wait": ("name text, waiter text, ttl interval", "boolean"),
+    "lease_unwait": ("name text, waiter text, granted boolean DEFAULT false", "boolean"),
 }
 
 
