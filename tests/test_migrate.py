@@ -138,7 +138,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
     with psycopg.connect(dsn) as c:
         quoted = c.execute("SELECT quote_ident(%s)", (schema,)).fetchone()[0]  # type: ignore[index]
         configs = c.execute(
-            "SELECT DISTINCT proconfig FROM pg_proc WHERE pronamespace = %s::regnamespace",
+            "SELECT DISTINCT proconfig[1:1] FROM pg_proc WHERE pronamespace = %s::regnamespace",
             (quoted,),
         ).fetchall()
         tables = c.execute(

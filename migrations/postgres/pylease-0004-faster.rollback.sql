@@ -268,3 +268,84 @@ BEGIN
      ORDER BY w.i;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION lease_steal(name text, ttl interval, holder text, older_than interval DEFAULT '0')
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now     timestamptz := clock_timestamp();
+    granted   bigint;
+    s_holder  text;
+    s_fence   bigint;
+    s_renewed timestamptz;
+    s_expires timestamptz;
+    s_freed   boolean;
+    kind      text;
+    history   text;
+BEGIN
+    PERFORM pylease_check_key('name', lease_steal.name);
+    PERFORM pylease_check_ttl('ttl', lease_steal.ttl);
+    PERFORM pylease_check_key('holder', lease_steal.holder);
+    PERFORM pylease_check_span('older_than', lease_steal.older_than);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_steal');
+    END IF;
+
+    LOOP
+        SELECT l.holder, l.fence, l.renewed_at, l.expires_at, l.released
+          INTO s_holder, s_fence, s_renewed, s_expires, s_freed
+          FROM pylease_leases AS l
+         WHERE l.name = lease_steal.name;
+        IF NOT FOUND THEN
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, grants)
+            VALUES (lease_steal.name, lease_steal.holder,
+                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
+                    lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl, 1)
+            ON CONFLICT (name) DO NOTHING
+            RETURNING l.fence INTO granted;
+            kind := 'claimed';
+            EXIT;
+        END IF;
+        IF s_renewed > t_now - lease_steal.older_than AND s_expires > t_now THEN
+            RETURN NULL;
+        ELSIF s_fence = 9223372036854775807 THEN
+            RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
+                quote_literal(lease_steal.name), s_fence USING ERRCODE = '54000';
+        END IF;
+        -- From an unexpired holder a steal; of a free or expired name what a claim is.
+        kind := CASE WHEN s_freed THEN 'claimed' WHEN s_expires <= t_now THEN 'taken_over'
+                     ELSE 'stolen' END;
+
+        UPDATE pylease_leases AS l
+           SET fence       = greatest(s_fence + 1,
+                ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+               holder      = lease_steal.holder,
+               ttl         = lease_steal.ttl,
+               acquired_at = t_now,
+               renewed_at  = t_now,
+               expires_at  = t_now + lease_steal.ttl,
+               released    = false,
+               grants      = l.grants + 1,
+               takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
+               steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
+         WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
+           AND l.expires_at = s_expires
+           AND (l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
+        RETURNING l.fence INTO granted;
+        EXIT WHEN FOUND;
+    END LOOP;
+
+    IF granted IS NOT NULL THEN
+        history := current_setting('pylease.history', true);
+        IF history = 'all' OR (kind <> 'claimed' AND coalesce(history, '') IN ('', 'rare')) THEN
+            INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+            VALUES (t_now, lease_steal.name, kind, lease_steal.holder, granted, s_holder);
+        ELSIF history NOT IN ('', 'rare', 'all', 'none') THEN
+            PERFORM pylease_refuse_history(history);
+        END IF;
+    END IF;
+    RETURN granted;
+END
+$$;

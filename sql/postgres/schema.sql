@@ -184,7 +184,9 @@ $$;
 -- that the exhaustion check and the history see exactly the row they replace;
 -- otherwise somebody else changed it meanwhile and the claim looks again.
 CREATE FUNCTION lease_claim(name text, ttl interval, holder text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+-- A takeover waits at most lock_timeout for a holder's open fenced transaction
+-- (lease_holds locks the row FOR KEY SHARE), then counts as busy.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
 #variable_conflict use_column
 DECLARE
     t_now    timestamptz := clock_timestamp();
@@ -255,20 +257,25 @@ BEGIN
             -- Free (released, or expired: a takeover). The fence is floored by the
             -- timeline WAL is written on, so a promoted standby never reissues the
             -- old primary's fences. The setting is read by the same statement.
-            UPDATE pylease_leases AS l
-               SET fence       = greatest(s_fence + 1,
-                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
-                   acquired_at = t_now,
-                   holder      = lease_claim.holder,
-                   ttl         = lease_claim.ttl,
-                   renewed_at  = t_now,
-                   expires_at  = t_now + lease_claim.ttl,
-                   released    = false,
-                   grants      = l.grants + 1,
-                   takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
-             WHERE l.name = lease_claim.name AND l.fence = s_fence AND l.released = s_freed
-               AND l.expires_at <= t_now
-            RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+            BEGIN
+                UPDATE pylease_leases AS l
+                   SET fence       = greatest(s_fence + 1,
+                        ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+                       acquired_at = t_now,
+                       holder      = lease_claim.holder,
+                       ttl         = lease_claim.ttl,
+                       renewed_at  = t_now,
+                       expires_at  = t_now + lease_claim.ttl,
+                       released    = false,
+                       grants      = l.grants + 1,
+                       takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
+                 WHERE l.name = lease_claim.name AND l.fence = s_fence AND l.released = s_freed
+                   AND l.expires_at <= t_now
+                RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+            EXCEPTION WHEN lock_not_available THEN
+                -- The previous holder's fenced transaction is still open: not ours yet.
+                RETURN NULL;
+            END;
             IF granted IS NOT NULL THEN
                 -- The default records only takeovers: a claim after a release writes nothing more.
                 IF history IS NULL OR history IN ('', 'rare') THEN
@@ -543,7 +550,10 @@ BEGIN
             kind := 'claimed';
             EXIT;
         END IF;
-        IF s_renewed > t_now - lease_steal.older_than AND s_expires > t_now THEN
+        -- older_than '0' is unconditional: a renewal that commits while the steal waits
+        -- for the row (renewed_at later than t_now) must not make it give up.
+        IF lease_steal.older_than > interval '0'
+           AND s_renewed > t_now - lease_steal.older_than AND s_expires > t_now THEN
             RETURN NULL;
         ELSIF s_fence = 9223372036854775807 THEN
             RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
@@ -567,7 +577,8 @@ BEGIN
                steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
          WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
            AND l.expires_at = s_expires
-           AND (l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
+           AND (lease_steal.older_than = interval '0'
+                OR l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
         RETURNING l.fence INTO granted;
         EXIT WHEN FOUND;
     END LOOP;
