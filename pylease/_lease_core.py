@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from pylease import _log, _validate
+from pylease._rows import LeaseEvent, LeaseRow
 from pylease._ticket import Ticket
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
 
@@ -170,6 +171,7 @@ def finish(
     exc: BaseException | None,
     released: bool | None,
     trouble: Exception | None,
+    cause: str | None = None,
 ) -> None:
     """Decide how a lease block ends, once the lease was given back (or not).
 
@@ -183,6 +185,8 @@ def finish(
         lost = LeaseLost(
             ticket.name, "the release found it no longer ours (expired and taken, or stolen)"
         )
+    if lost is not None and cause is not None:
+        lost = LeaseLost(ticket.name, f"{cause} ({lost.reason})")
     if exc is not None:
         if trouble is not None:
             why = _log.text(trouble)
@@ -197,6 +201,21 @@ def finish(
         return
     if trouble is not None:
         raise trouble
+
+
+def describe_loss(ticket: Ticket, row: LeaseRow | None, event: LeaseEvent | None) -> str | None:
+    """How the database says a lost lease changed hands, from its status row and its
+    newest history event; None when it does not know better than the ticket."""
+    if row is None:
+        return None
+    if row.holder == ticket.holder and row.fence == ticket.fence:
+        return "its ttl ran out before a renewal reached the database" if not row.held else None
+    how = "claimed"
+    if event is not None and event.fence == row.fence and event.holder == row.holder:
+        how = {"stolen": "stolen", "taken_over": "taken over after its ttl ran out"}.get(
+            event.event, "claimed"
+        )
+    return f"{how} by {row.holder!r} with fence {row.fence}"
 
 
 def end_keep_fresh(ticket: Ticket, exc: BaseException | None) -> None:

@@ -35,6 +35,7 @@ from pylease._lease_core import (
     SQLITE_MAX_POLL,
     Options,
     current_holder,
+    describe_loss,
     end_keep_fresh,
     finish,
     keep_fresh_options,
@@ -207,6 +208,25 @@ def release(
     return ours, None
 
 
+def loss_cause(link_: Link, ticket: Ticket) -> str | None:
+    """What the database says became of a lease we lost; None if it cannot say.
+
+    Asked only once the block is over and the lease was lost, so it costs nothing
+    on the way and never delays the loss being known.
+    """
+    name = ticket.name
+
+    def look(b: Backend) -> str | None:
+        rows = b.status(name)
+        events = b.history(name, None, 1)
+        return describe_loss(ticket, rows[0] if rows else None, events[0] if events else None)
+
+    try:
+        return link_.run(look, name=name)
+    except Exception:
+        return None  # the loss is the story; its detail is a courtesy
+
+
 class Lease:
     """The context manager :func:`lease` returns; single use."""
 
@@ -287,10 +307,13 @@ class Lease:
                 keeper().remove(ticket, link_.source)
                 settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
+            cause = None
+            if trouble is None and (released is False or ticket.error() is not None):
+                cause = loss_cause(link_, ticket)
         finally:
             _claims.leave(ticket.name, ticket.holder)
             link_.close()
-        finish(ticket, exc, released, trouble)
+        finish(ticket, exc, released, trouble, cause)
 
 
 def lease(

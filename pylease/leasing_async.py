@@ -37,6 +37,7 @@ from pylease._lease_core import (
     Options,
     bool_option,
     current_holder,
+    describe_loss,
     end_keep_fresh,
     finish,
     keep_fresh_options,
@@ -210,6 +211,25 @@ async def release(
     return ours, None
 
 
+async def loss_cause(link_: AsyncLink, ticket: AsyncTicket) -> str | None:
+    """What the database says became of a lease we lost; None if it cannot say.
+
+    Asked only once the block is over and the lease was lost, so it costs nothing
+    on the way and never delays the loss being known.
+    """
+    name = ticket.name
+
+    async def look(b: AsyncBackend) -> str | None:
+        rows = await b.status(name)
+        events = await b.history(name, None, 1)
+        return describe_loss(ticket, rows[0] if rows else None, events[0] if events else None)
+
+    try:
+        return await link_.run(look, name=name)
+    except Exception:
+        return None  # the loss is the story; its detail is a courtesy
+
+
 class AsyncLease:
     """The context manager :func:`alease` returns; single use."""
 
@@ -302,6 +322,9 @@ class AsyncLease:
             if True:  # ASYNC
                 exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
             released, trouble = await release(link_, ticket, self._opts.min_hold)
+            cause = None
+            if trouble is None and (released is False or ticket.error() is not None):
+                cause = await loss_cause(link_, ticket)
         finally:
             _claims.leave(ticket.name, ticket.holder)
             await link_.close()
@@ -311,13 +334,15 @@ class AsyncLease:
             if ticket.cancelled_body and isinstance(exc, asyncio.CancelledError):
                 # The body was cancelled because the lease was lost: that loss is the story.
                 error = ticket.error() or LeaseLost(ticket.name, "its body was cancelled")
+                if cause is not None:
+                    error = LeaseLost(ticket.name, f"{cause} ({error.reason})")
                 if trouble is not None:
                     error.add_note(
                         f"pylease: releasing lease {ticket.name!r} failed too: "
                         + error_text(trouble)
                     )
                 raise error from exc
-        finish(ticket, exc, released, trouble)
+        finish(ticket, exc, released, trouble, cause)
 
     if True:  # ASYNC
 
