@@ -227,7 +227,7 @@ BEGIN
             VALUES (lease_claim.name, lease_claim.holder,
                     ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
                     lease_claim.ttl, t_now, t_now, t_now + lease_claim.ttl, 1)
-            ON CONFLICT (name) DO NOTHING
+            ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
             RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
             IF history IS NULL OR history IN ('', 'rare', 'none') THEN
                 RETURN granted;
@@ -545,7 +545,7 @@ BEGIN
             VALUES (lease_steal.name, lease_steal.holder,
                     ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
                     lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl, 1)
-            ON CONFLICT (name) DO NOTHING
+            ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
             RETURNING l.fence INTO granted;
             kind := 'claimed';
             EXIT;
