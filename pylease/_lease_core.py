@@ -34,9 +34,17 @@ SQLITE_MAX_POLL = 0.05
 JITTER = 0.2
 
 
+_holder_prefix: tuple[int, str] | None = None
+
+
 def default_holder() -> str:
     """``host:pid:<128 random bits>``: unique per claim, readable by humans."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(16)}"
+    global _holder_prefix
+    pid = os.getpid()
+    if _holder_prefix is None or _holder_prefix[0] != pid:
+        # The host name is asked once per process (it is a system call per claim).
+        _holder_prefix = (pid, f"{socket.gethostname()}:{pid}:")
+    return _holder_prefix[1] + secrets.token_hex(16)
 
 
 class Outcome(NamedTuple, Generic[T]):

@@ -4,8 +4,7 @@ for both backends of :mod:`pylease.postgres`, the sources and the CLI.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -32,32 +31,51 @@ def bad_parameter(exc: pg_errors.InvalidParameterValue) -> str:
     return message.removeprefix("pylease: ").split(" ", 1)[0]
 
 
-@contextmanager
-def wrap_errors(name: str | None = None) -> Iterator[None]:
-    """Map driver errors to pylease errors, keeping the driver error as ``__cause__``."""
-    try:
-        yield
-    except pg_errors.InvalidParameterValue as exc:
+def translate(exc: psycopg.Error, name: str | None = None) -> PyleaseError:
+    """The pylease error a driver error stands for."""
+    if isinstance(exc, pg_errors.InvalidParameterValue):
         message = exc.diag.message_primary or str(exc)
-        raise InvalidArgument(message, parameter=bad_parameter(exc), name=name) from exc
-    except pg_errors.ProgramLimitExceeded as exc:
-        raise FenceExhausted(exc.diag.message_primary or one_line(exc), name=name) from exc
-    except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable) as exc:
-        raise SchemaMissing(
+        return InvalidArgument(message, parameter=bad_parameter(exc), name=name)
+    if isinstance(exc, pg_errors.ProgramLimitExceeded):
+        return FenceExhausted(exc.diag.message_primary or one_line(exc), name=name)
+    if isinstance(exc, pg_errors.UndefinedFunction | pg_errors.UndefinedTable):
+        return SchemaMissing(
             f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name
-        ) from exc
-    except pg_errors.ReadOnlySqlTransaction as exc:
+        )
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
         # A standby (the SQL refuses there with this SQLSTATE too): during a failover this
         # is transient, so it is a DatabaseUnavailable that the keeper retries.
-        raise ReadOnlyServer(
+        return ReadOnlyServer(
             f"pylease: {ReadOnlyServer.__doc__} ({exc.diag.message_primary})", name=name
-        ) from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"pylease: database unavailable: {one_line(exc)}", name=name
-        ) from exc
-    except psycopg.Error as exc:
-        raise PyleaseError(f"pylease: {type(exc).__name__}: {one_line(exc)}", name=name) from exc
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(f"pylease: database unavailable: {one_line(exc)}", name=name)
+    return PyleaseError(f"pylease: {type(exc).__name__}: {one_line(exc)}", name=name)
+
+
+class wrap_errors:  # lower case: it reads as a function, ``with wrap_errors(name):``
+    """Map driver errors to pylease errors, keeping the driver error as ``__cause__``.
+
+    A class, not a generator: it wraps every statement, and entering a generator-based
+    context manager costs several calls more on each lease's hot path.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, psycopg.Error):
+            raise translate(exc, self.name) from exc
 
 
 def one_line(exc: BaseException) -> str:

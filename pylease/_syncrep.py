@@ -9,8 +9,7 @@ renewal answered so must not count. See docs/high-availability.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -31,26 +30,37 @@ class _Warnings:
             self.seen.append(diag.message_primary or "")
 
 
-@contextmanager
-def confirmed(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], name: str | None
-) -> Iterator[None]:
+class confirmed:  # lower case: it reads as a function, ``with confirmed(conn, name):``
     """Raise DatabaseUnavailable after the block if the server answered it with a WARNING.
 
     Wrap each statement of a grant or renewal (claim, steal, renew*); the lease
     functions raise no WARNING of their own, so any WARNING there means the commit
-    may not be on the standby.
+    may not be on the standby. (A class: it wraps every grant on the hot path.)
     """
-    seen = _Warnings()
-    conn.add_notice_handler(seen)
-    try:
-        yield
-    finally:
-        conn.remove_notice_handler(seen)
-    if seen.seen:
-        raise DatabaseUnavailable(
-            f"pylease: the server committed with a WARNING ({seen.seen[0]}): a commit whose "
-            "wait for a synchronous standby was cancelled may be lost in a failover, so it "
-            "does not count",
-            name=name,
-        )
+
+    __slots__ = ("conn", "name", "seen")
+
+    def __init__(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], name: str | None
+    ) -> None:
+        self.conn = conn
+        self.name = name
+        self.seen = _Warnings()
+
+    def __enter__(self) -> None:
+        self.conn.add_notice_handler(self.seen)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.conn.remove_notice_handler(self.seen)
+        if exc is None and self.seen.seen:
+            raise DatabaseUnavailable(
+                f"pylease: the server committed with a WARNING ({self.seen.seen[0]}): a commit"
+                " whose wait for a synchronous standby was cancelled may be lost in a"
+                " failover, so it does not count",
+                name=self.name,
+            )

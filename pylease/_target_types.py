@@ -12,7 +12,7 @@ import sqlite3
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ConnStatus, TransactionStatus
 
 from pylease.errors import InvalidArgument
 
@@ -59,9 +59,15 @@ def bad_target(target: object, parameter: str, api: str) -> InvalidArgument:
     return InvalidArgument(f"pylease: {parameter} {why}", parameter=parameter)
 
 
+_OK = int(ConnStatus.OK)
+_IDLE = int(TransactionStatus.IDLE)
+
+
 def is_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """True when a statement run on ``conn`` now would not join a transaction of the caller."""
-    return bool(not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE)
+    # The libpq ints, not conn.info's enums: this runs several times per lease.
+    pgconn = conn.pgconn
+    return pgconn.status == _OK and pgconn.transaction_status == _IDLE
 
 
 def sqlite_module() -> Any:

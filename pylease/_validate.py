@@ -17,6 +17,10 @@ from pylease.errors import InvalidArgument
 
 MAX_KEY_LENGTH = 200
 MAX_TTL = timedelta(days=366)
+# Past this, now + span leaves the range of the databases' timestamps.
+_MAX_SPAN = MAX_TTL * 1000
+_MAX_SPAN_SECONDS = _MAX_SPAN.total_seconds()
+_ZERO = timedelta(0)
 
 # A wait without a deadline: ``wait=FOREVER`` (also ``math.inf`` or ``"forever"``).
 FOREVER = math.inf
@@ -24,6 +28,13 @@ FOREVER = math.inf
 
 def key(parameter: str, value: object) -> str:
     """A name or holder: a non-empty str of at most 200 characters, without NUL."""
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_KEY_LENGTH
+        and value.isascii()
+        and "\x00" not in value
+    ):
+        return value  # the common case, checked on every claim and release
     if value is None:
         raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
     if not isinstance(value, str):
@@ -63,8 +74,7 @@ def _seconds(parameter: str, value: object) -> timedelta:
         except ValueError as exc:
             raise InvalidArgument(f"pylease: {parameter}: {exc}", parameter=parameter) from None
     if isinstance(value, timedelta):
-        if abs(value) > MAX_TTL * 1000:
-            # Past this, now + span leaves the range of the databases' timestamps.
+        if abs(value) > _MAX_SPAN:
             raise InvalidArgument(f"pylease: {parameter} is out of range", parameter=parameter)
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -75,13 +85,15 @@ def _seconds(parameter: str, value: object) -> timedelta:
         )
     if not math.isfinite(value):
         raise InvalidArgument(f"pylease: {parameter} must be finite", parameter=parameter)
-    if abs(value) > MAX_TTL.total_seconds() * 1000:
+    if abs(value) > _MAX_SPAN_SECONDS:
         raise InvalidArgument(f"pylease: {parameter} is out of range", parameter=parameter)
     return timedelta(seconds=value)
 
 
 def ttl(value: object, parameter: str = "ttl") -> timedelta:
     """A ttl: positive, at most 366 days; a timedelta or seconds."""
+    if type(value) is timedelta and _ZERO < value <= MAX_TTL:
+        return value
     span = _seconds(parameter, value)
     if span <= timedelta(0):
         raise InvalidArgument(f"pylease: {parameter} must be positive", parameter=parameter)
@@ -105,6 +117,8 @@ def wait(value: object, parameter: str = "wait") -> float:
 
     ``math.inf`` (:data:`FOREVER`), ``"forever"`` and ``timedelta.max`` wait without one.
     """
+    if value == 0 and type(value) is int:
+        return 0.0  # the default: no wait
     if value == timedelta.max:
         return math.inf
     if isinstance(value, float) and value == math.inf:

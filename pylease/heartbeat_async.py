@@ -197,6 +197,10 @@ class AsyncKeeper:
         self._groups: dict[Hashable, _Group] = {}
         self._inflight: set[Ticket] = set()
         self._task: AWorker | None = None
+        if True:  # ASYNC
+            # What starts the task when the first renewal is due (see add).
+            self._timer: asyncio.TimerHandle | None = None
+            self._timer_at = 0.0
         self._idle_since: float | None = None
         # When the keeper's current sleep ends (0: it is not sleeping).
         self._sleeping_until = 0.0
@@ -220,7 +224,12 @@ class AsyncKeeper:
                 # A task cancelled from outside (its loop shutting down) is gone too.
                 idle = self._task is None or self._task.done()
             if idle:
-                self._task = aspawn(self._run, name="pylease-heartbeat")
+                if True:  # ASYNC
+                    # Until its first renewal is due a lease needs no task: a timer
+                    # stands in, so a loop of short leases starts no task per lease.
+                    self._start_at(group.next_at)
+                else:
+                    self._task = aspawn(self._run, name="pylease-heartbeat")
             elif self._sleeping_until and group.next_at < self._sleeping_until:
                 # Wake the keeper only when it would sleep past this lease's first tick:
                 # a wake-up per lease costs a thread handoff in a loop of short leases.
@@ -237,6 +246,10 @@ class AsyncKeeper:
                 group.tickets.remove(ticket)
                 if not group.tickets and not group.busy:
                     del self._groups[key]
+            if True:  # ASYNC
+                if self._timer is not None and not self._groups:
+                    self._timer.cancel()
+                    self._timer = None
             # A tick that already sent this renewal is answered before the release
             # goes out, so its answer cannot be taken for a loss after the release.
             limit = monotonic() + STOP_WAIT
@@ -245,6 +258,23 @@ class AsyncKeeper:
                 if left <= 0:
                     break
                 await acondition_wait(self._cond, left)
+
+    if True:  # ASYNC
+
+        def _start_at(self, when: float) -> None:
+            """Start the keeper's task at ``when`` (keeper clock), unless due earlier."""
+            if self._timer is not None:
+                if self._timer_at <= when:
+                    return
+                self._timer.cancel()
+            self._timer_at = when
+            delay = max(when - monotonic(), 0.0)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._start)
+
+        def _start(self) -> None:
+            self._timer = None
+            if self._task is None or self._task.done():
+                self._task = aspawn(self._run, name="pylease-heartbeat")
 
     def tickets(self) -> list[Ticket]:
         """Every ticket kept now."""
