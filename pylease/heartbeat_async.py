@@ -246,10 +246,6 @@ class AsyncKeeper:
                 group.tickets.remove(ticket)
                 if not group.tickets and not group.busy:
                     del self._groups[key]
-            if True:  # ASYNC
-                if self._timer is not None and not self._groups:
-                    self._timer.cancel()
-                    self._timer = None
             # A tick that already sent this renewal is answered before the release
             # goes out, so its answer cannot be taken for a loss after the release.
             limit = monotonic() + STOP_WAIT
@@ -262,7 +258,11 @@ class AsyncKeeper:
     if True:  # ASYNC
 
         def _start_at(self, when: float) -> None:
-            """Start the keeper's task at ``when`` (keeper clock), unless due earlier."""
+            """Start the keeper's task at ``when`` (keeper clock), unless due earlier.
+
+            The timer is left to fire when its leases end first (the task then finds
+            nothing to do and ends): a loop of short leases sets one per ttl / 3.
+            """
             if self._timer is not None:
                 if self._timer_at <= when:
                     return
