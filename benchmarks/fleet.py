@@ -13,6 +13,7 @@ the connections the process opened to the server, and lease_claim calls per gran
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from datetime import timedelta
@@ -220,6 +221,7 @@ def bench_fleet(ctx: Context) -> Section:
     section.data = {"renewals": results, "holders": holders_n, "processes": procs_n,
                     "tick_seconds": tick}  # fmt: skip
     waiters(ctx, section)
+    channels(ctx, section)
     return section
 
 
@@ -359,3 +361,166 @@ def waiters(ctx: Context, section: Section) -> None:
         ),
     ]
     section.data["waiters"] = {"probe": probe, "spread": spread, "one_name": one_name}
+
+
+# Per-name channels (issue 13 item 3, "optional, measure first"): what a listener pays
+# for the releases of names it does not wait for, against what a second NOTIFY per
+# release would cost every release.
+
+SECOND_NOTIFY = "ignored := pg_notify('pylease', {fn}.name);"
+
+
+def listening_waiter(dsn: str, name: str, pipe: Pipe) -> None:
+    """Wait for ``name`` (held by the parent) through pylease's shared listener."""
+    from pylease import LeaseBusy, lease
+
+    pipe.send("started")
+    with contextlib.suppress(LeaseBusy), lease(dsn, name, ttl=30, wait=120, heartbeat=False):
+        pass
+    pipe.send("done")
+
+
+def _process_cpu(pid: int) -> float:
+    """Seconds on the CPU of every thread of process ``pid`` (the listener's thread too)."""
+    total = 0.0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            path = f"/proc/{pid}/task/{task}/schedstat"
+            with contextlib.suppress(OSError, ValueError, IndexError), open(path) as f:
+                total += int(f.read().split()[0]) / 1e9
+    return total
+
+
+def _release_variant(conn: psycopg.Connection[Any]) -> None:
+    """bench_release_two: lease_release sending a second NOTIFY on a channel of its name's."""
+    row = conn.execute(
+        "SELECT pg_get_functiondef('lease_release(text, text, interval)'::regprocedure)"
+    ).fetchone()
+    assert row is not None
+    text = str(row[0])
+    notify = SECOND_NOTIFY.format(fn="lease_release")
+    if notify not in text:
+        raise RuntimeError("bench: lease_release sends no NOTIFY to add a second one beside")
+    text = text.replace(
+        notify,
+        notify + " ignored := pg_notify('pylease_' || left(md5(lease_release.name), 12), '');",
+    )
+    text = text.replace("FUNCTION public.lease_release(", "FUNCTION bench_release_two(", 1)
+    text = text.replace("FUNCTION lease_release(", "FUNCTION bench_release_two(", 1)
+    text = text.replace("lease_release.", "bench_release_two.")
+    if "bench_release_two(" not in text:
+        raise RuntimeError("bench: could not copy lease_release")
+    conn.execute(text)
+
+
+def channels(ctx: Context, section: Section) -> None:
+    from benchmarks._stats import Contender, interleave
+
+    n = 200 if ctx.smoke else 2000
+    with ctx.connect() as setup:
+        _release_variant(setup)
+    # The release side: the same cycle with one NOTIFY and with two (no flush on either
+    # side: the flush is the same for both and its noise would hide the difference).
+    conns = [ctx.connect() for _ in range(2)]
+    try:
+        for c in conns:
+            c.execute("SET synchronous_commit = off")
+
+        def cycles(conn: psycopg.Connection[Any], release_fn: str) -> Any:
+            name, holder = unique("chan"), holder_id("chan")
+
+            def run(k: int) -> float:
+                cur = conn.cursor()
+                start = time.perf_counter()
+                for _ in range(k):
+                    cur.execute("SELECT lease_claim(%s, %s, %s)", (name, TTL, holder))
+                    cur.execute(f"SELECT {release_fn}(%s, %s)", (name, holder))
+                return time.perf_counter() - start
+
+            return run
+
+        one, two = "release with NOTIFY pylease", "release with a second, per-name NOTIFY"
+        result = interleave(
+            [
+                Contender(one, cycles(conns[0], "lease_release"), max(50, n // 10)),
+                Contender(two, cycles(conns[1], "bench_release_two"), max(50, n // 10)),
+            ],
+            ctx.scale.rounds,
+        )
+    finally:
+        for c in conns:
+            c.close()
+    extra_release = result.median(two) - result.median(one)
+    # The listening side: a process waiting for one name while other names are released.
+    mp = mp_context()
+    held = unique("chan-held")
+    with ctx.connect() as owner, ctx.connect() as other:
+        owner.execute("SELECT lease_claim(%s, '1 hour', 'bench-chan-owner')", (held,))
+        mine, theirs = mp.Pipe()
+        proc = mp.Process(target=listening_waiter, args=(ctx.dsn, held, theirs), daemon=True)
+        proc.start()
+        try:
+            mine.recv()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                row = other.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                    " AND query LIKE 'LISTEN%%'",
+                    ("pylease-listen",),
+                ).fetchone()
+                if row and row[0]:
+                    break
+                time.sleep(0.05)
+            time.sleep(0.3)
+            pid = proc.pid
+            assert pid is not None
+            idle_start, t0 = _process_cpu(pid), time.monotonic()
+            time.sleep(1.0)
+            idle_rate = (_process_cpu(pid) - idle_start) / (time.monotonic() - t0)
+            name = unique("chan-other")
+            cpu0, t1 = _process_cpu(pid), time.monotonic()
+            for _ in range(n):
+                other.execute("SELECT lease_claim(%s, '30 s', 'bench-chan')", (name,))
+                other.execute("SELECT lease_release(%s, 'bench-chan')", (name,))
+            time.sleep(0.3)  # the last notifications reach the listener
+            busy = _process_cpu(pid) - cpu0 - idle_rate * (time.monotonic() - t1)
+        finally:
+            owner.execute("SELECT lease_release(%s, 'bench-chan-owner')", (held,))
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    per_notification = max(busy, 0.0) / n
+    section.extra.append(
+        {
+            "title": "Per-name channels (issue 13 item 3): measured, not adopted",
+            "header": ["cost", "measured"],
+            "rows": [
+                ["a listening process, per release of a name it does not wait for (its CPU)",
+                 fmt_time(per_notification)],
+                ["a release cycle with one NOTIFY (no flush)", fmt_time(result.median(one))],
+                ["the same with a second, per-name NOTIFY", fmt_time(result.median(two))],
+                ["a second NOTIFY, per release (every release pays it)",
+                 fmt_time(extra_release)],
+            ],
+        }
+    )  # fmt: skip
+    section.notes.append(
+        "Per-name channels were measured, not built. A process waiting through pylease's "
+        f"shared listener spends {fmt_time(per_notification)} of CPU on each release of a "
+        "name it does not wait for (its listener wakes, reads the notification and drops "
+        "it; no waiter wakes and no claim is sent, so the server pays nothing for it): at "
+        f"1,000 such releases a second, {per_notification * 1000 * 100:.1f}% of one core per "
+        "waiting process. A channel per name would spare that, and would cost every release "
+        f"a second NOTIFY ({fmt_time(extra_release)} here, on the server every process "
+        "shares, since the contract's NOTIFY pylease stays), plus a LISTEN on the shared "
+        "listener for each name a process starts waiting for, which must be in force before "
+        "the waiter's next claim (else a release in between is missed until the safety "
+        "poll), so it lies on the path of every first wait. It pays where many processes "
+        "wait while other names are released at high rates; the waits this bench measures "
+        "are not that case, so the one channel stays."
+    )
+    section.data["channels"] = {
+        "per_foreign_notification_seconds": per_notification,
+        "release_cycle_seconds": {"one_notify": result.median(one), "two": result.median(two)},
+        "second_notify_seconds": extra_release,
+    }
