@@ -132,16 +132,23 @@ def acquire(
                     if not retry:
                         continue
                     sent_at = monotonic()
-                    fence = link_.run(claim, name=name, retry=True)
+                    look = head or on_busy is not None or (want_holder and sent_at >= deadline)
+                    seen_rows: list[Any] | None = None
+                    if waiter is None:
+                        fence = link_.run(claim, name=name, retry=True)
+                    else:
+                        # One statement: the claim, and what stood in the way (see there).
+                        fence, seen_rows = waiting.claim(link_, waiter, ttl, holder, status=look)
                     if fence is not None:
                         granted = True
                         log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                         return fence, sent_at
-                    if head or on_busy is not None or (want_holder and monotonic() >= deadline):
-                        rows = link_.run(status, name=name)
-                        current, expires_at = current_holder(rows)
+                    if look:
+                        if seen_rows is None:
+                            seen_rows = link_.run(status, name=name)
+                        current, expires_at = current_holder(seen_rows)
                         if on_busy is not None:
-                            on_busy(rows[0] if rows else None)
+                            on_busy(seen_rows[0] if seen_rows else None)
                 except DatabaseUnavailable:
                     # A failover, a restart: the wait rides it out until its deadline.
                     # (A SQLite file locked past its busy timeout is no failover.)
