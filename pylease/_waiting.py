@@ -27,7 +27,11 @@ the process leaves the queue of waiting processes in the claim's own transaction
 (a round trip less between the release and the block); busy, the same statement
 reads the status row that stood in the way (the holder's expiry, which paces the
 waiter). A busy claim still writes nothing: ``lease_unwait`` and ``lease_status``
-run only on their side of the answer.
+run only on their side of the answer. A head that claimed in vain less than
+STATUS_FRESH ago leaves the status out (lease_status, an SQL function planned at
+every call, costs several busy claims of server time, and a busy name's head
+claims again at every release); it reads it again once that is over, or once the
+expiry it knows is past.
 
 When the listener's connection is lost, every head is woken to claim once and
 polls until the reader has LISTENed again (with backoff); a release missed
@@ -44,7 +48,7 @@ import logging
 import os
 import random
 from collections import deque
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -76,6 +80,8 @@ FIRST_OUTAGE = 0.05
 MAX_OUTAGE = 1.0
 # The longest sleep of a waiter that is not first in line of its process.
 NAP = 60.0
+# A head's busy claim reads the status with it at most this often (see the docstring).
+STATUS_FRESH = 1.0
 # A process's row in the queue of waiting processes expires this long after it was
 # last refreshed; it is refreshed every third of that while the process waits.
 WAITER_TTL = 30.0
@@ -382,6 +388,14 @@ def leave_queue(link_: Link, waiter: Waiter, *, granted: bool) -> None:
     except PyleaseError as exc:
         # Its row expires by itself: the next process only waits a little longer.
         logger.info("pylease: could not leave the queue of waiters of %r: %s", name, exc)
+
+
+def status_due(read_at: float, expires_at: datetime | None) -> bool:
+    """Whether a head's claim should read the status, last read at ``read_at``
+    (monotonic) and then showing a holder until ``expires_at`` (None: none)."""
+    if expires_at is None or monotonic() - read_at >= STATUS_FRESH:
+        return True
+    return expires_at <= datetime.now(UTC)
 
 
 def mark(conninfo: str) -> Mark | None:

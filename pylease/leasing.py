@@ -115,6 +115,9 @@ def acquire(
     outage = waiting.FIRST_OUTAGE
     current: str | None = None
     expires_at: datetime | None = None
+    # When the head last read the status; whether its last busy claim left it out.
+    status_at = float("-inf")
+    skipped = False
     try:
         while True:
             head = waiter is None or waiter.head
@@ -132,7 +135,12 @@ def acquire(
                     if not retry:
                         continue
                     sent_at = monotonic()
-                    look = head or on_busy is not None or (want_holder and sent_at >= deadline)
+                    look = (
+                        on_busy is not None
+                        or (want_holder and sent_at >= deadline)
+                        or (head and (waiter is None or waiting.status_due(status_at, expires_at)))
+                    )
+                    skipped = head and not look
                     seen_rows: list[Any] | None = None
                     if waiter is None:
                         fence = link_.run(claim, name=name, retry=True)
@@ -147,6 +155,7 @@ def acquire(
                         if seen_rows is None:
                             seen_rows = link_.run(status, name=name)
                         current, expires_at = current_holder(seen_rows)
+                        status_at = sent_at
                         if on_busy is not None:
                             on_busy(seen_rows[0] if seen_rows else None)
                 except DatabaseUnavailable:
@@ -187,6 +196,10 @@ def acquire(
                 pause = next_pause(expires_at, poll, deadline - now, backoff)
             if waiter is not None and waiter.db_head is not None:
                 pause = min(pause, max(waiter.refresh_at - now, 0.0))
+            if skipped:
+                # The holder may have changed since the status was read: read it again
+                # soon, in case the new one's expiry comes earlier.
+                pause = min(pause, max(status_at + waiting.STATUS_FRESH - now, 0.0))
             if waiter is None:
                 sleep(pause)
                 retry = True

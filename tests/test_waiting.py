@@ -48,14 +48,14 @@ def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
     dsn: str, conn: Conn, conn2: Conn
 ) -> None:
     # A waiter's claim after its first is one statement: busy, it reads the status
-    # row that stood in the way (and writes nothing: its process stays queued);
-    # granted, its process leaves pylease_waiters in the claim's own transaction,
-    # so that the block starts one round trip after the release's notification.
-    statements: list[str] = []
+    # row that stood in the way (at most every STATUS_FRESH seconds) and writes
+    # nothing (its process stays queued); granted, its process leaves pylease_waiters
+    # in the claim's own transaction, one round trip after the release's notification.
+    statements: list[tuple[str, Any]] = []
 
     class Recording(psycopg.Cursor[Any]):
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            statements.append(str(query))
+            statements.append((str(query), params))
             return super().execute(query, params, **kwargs)
 
     def queued() -> int:
@@ -63,8 +63,9 @@ def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
         assert row is not None
         return int(row[0])
 
-    def combined() -> list[str]:
-        return [s for s in statements if "lease_claim" in s and "lease_status" in s]
+    def claims() -> list[bool]:
+        """Each combined claim so far: whether it read the status."""
+        return [bool(p[-1]) for q, p in statements if "lease_claim" in q and "lease_status" in q]
 
     claim(conn, "job", ttl="60s")
     inside: list[Any] = []
@@ -81,15 +82,17 @@ def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
     try:
-        # Queued (lease_wait), then one claim that found the name busy.
-        assert wait_until(lambda: queued() == 1 and len(combined()) == 1, 30)
-        before = len(statements)
-        # A notification without a release: the head claims again, in vain.
+        # Queued (lease_wait), then one claim that found the name busy, with the status.
+        assert wait_until(lambda: queued() == 1 and claims() == [True], 30)
+        # A notification without a release: the head claims again at once, in vain,
+        # and leaves out the status it has just read.
         conn.execute("NOTIFY pylease, 'job'")
-        assert wait_until(lambda: len(statements) > before, 30)
-        time.sleep(0.3)
-        assert len(statements) == before + 1 and "lease_status" in statements[-1]
+        assert wait_until(lambda: len(claims()) == 2, 30)
+        assert claims() == [True, False]
         assert queued() == 1  # the busy claim wrote nothing
+        # Within STATUS_FRESH, on its own: the claim that reads the status again.
+        assert wait_until(lambda: len(claims()) == 3, 30)
+        assert claims() == [True, False, True]
         before = len(statements)
         row = conn.execute("SELECT lease_release('job', 'other')").fetchone()
         assert row is not None and row[0] is True
@@ -99,6 +102,7 @@ def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
     assert errors == []
     ran, rows = inside[0]
     # Between the release and the block: the claim alone, and the process had left.
-    assert len(ran) == before + 1 and "lease_unwait" in ran[-1]
+    assert len(ran) == before + 1 and "lease_unwait" in ran[-1][0]
     assert rows == 0
-    assert not [s for s in statements if s.startswith(("SELECT lease_unwait", "SELECT name"))]
+    separate = ("SELECT lease_unwait", "SELECT name")
+    assert not [q for q, _ in statements if q.startswith(separate)]
