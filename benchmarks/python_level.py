@@ -534,3 +534,25 @@ def handover_ratio(
     )
     section.data["p50_ratio_to_raw_sql"] = target.value
     section.data["p50_ratio_rounds"] = ratios
+    extra = lat["lease"]["p50"] - lat["listen"]["p50"]
+    verdict = (
+        "what is left" if target.verdict == "PASS" else "the cost left, which misses the target"
+    )
+    section.notes.append(
+        f"`lease(wait=...)` against raw SQL LISTEN + claim: {extra * 1e3:+.2f} ms at p50 in this "
+        f"run ({target.value:.2f}x). Both pay the release's commit, the notification and one "
+        "claim, a durable commit (a WAL flush). The Python waiter's process leaves the queue "
+        "of waiting processes in that claim's own transaction, so "
+        f"{verdict} is Python, about 0.1-0.2 ms when profiled: 0.05-0.1 ms from the "
+        "notification to the claim being sent (the process's shared listener reads it and "
+        "wakes the waiting thread, whose wait loop sends the claim), and ~0.07 ms from the "
+        "grant to the block (its ticket goes to the keeper). It could go only if the "
+        "listener's thread claimed itself, on the connection the waiting thread owns; how "
+        "much it weighs depends on the WAL flush both pay. "
+        + (
+            f"python-redis-lock ({fmt_time(peer['p50'])}) flushes nothing to disk per lock: "
+            "its handover is a BLPOP wake-up and a SET in memory."
+            if peer
+            else ""
+        )
+    )
