@@ -27,7 +27,9 @@ the process leaves the queue of waiting processes in the claim's own transaction
 (a round trip less between the release and the block); busy, the same statement
 reads the status row that stood in the way (the holder's expiry, which paces the
 waiter). A busy claim still writes nothing: ``lease_unwait`` and ``lease_status``
-run only on their side of the answer. A head that claimed in vain less than
+run only on their side of the answer, and a busy claim's commit never waits for a
+WAL flush (one that met the winner's claim on the row holds a row lock until it
+commits, and the winner's fenced writes wait for that). A head that claimed in vain less than
 STATUS_FRESH ago leaves the status out (lease_status, an SQL function planned at
 every call, costs several busy claims of server time, and a busy name's head
 claims again at every release); it reads it again once that is over, or once the
@@ -94,6 +96,13 @@ _STATUS_COLUMNS: LiteralString = (
     "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
 )
 _CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
+# A busy claim that met the winner's claim on the lease's row waited for it, then
+# locked the row's new version to recheck it: its transaction has an xid, and its
+# commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
+# wait for its lock. Busy, it granted nothing: its commit need not be durable.
+_BUSY_NO_FLUSH: LiteralString = (
+    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END, "
+)
 _STATUS: LiteralString = (
     " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL AND %s OFFSET 0)"
     " AS s ON true"
@@ -102,7 +111,7 @@ _STATUS: LiteralString = (
 CLAIM = Operation(
     "claim_waiting",
     GRANT,
-    "SELECT c.fence, NULL, " + _STATUS_COLUMNS + _CLAIMED + _STATUS,
+    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
     (),
     tuple,
 )
@@ -112,6 +121,7 @@ CLAIM_QUEUED = Operation(
     "claim_queued",
     GRANT,
     "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
+    + _BUSY_NO_FLUSH
     + _STATUS_COLUMNS
     + _CLAIMED
     + _STATUS,
@@ -374,7 +384,7 @@ def claim(
         return fence, None
     if not status:
         return None, None
-    return None, [] if row[2] is None else [LeaseRow(*row[2:])]
+    return None, [] if row[3] is None else [LeaseRow(*row[3:])]
 
 
 def leave_queue(link_: Link, waiter: Waiter, *, granted: bool) -> None:

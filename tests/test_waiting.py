@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 
-from pylease import lease
+from pylease import _waiting, lease
 from tests.helpers_lease import claim, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -106,3 +107,54 @@ def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
     assert rows == 0
     separate = ("SELECT lease_unwait", "SELECT name")
     assert not [q for q, _ in statements if q.startswith(separate)]
+
+
+def test_a_waiters_busy_claim_commits_without_a_wal_flush_even_after_meeting_the_winner(
+    dsn: str, conn: Conn, conn2: Conn
+) -> None:
+    # A waiter's claim that meets the winner's claim on the row waits for it, then
+    # locks the row's new version to recheck it: its transaction gets an xid, and
+    # the winner's fenced writes wait for its commit. Busy, that commit need not be
+    # durable (synchronous_commit off); a granted claim's stays durable.
+    claim(conn, "job", ttl="60s")
+    row = conn.execute("SELECT lease_release('job', 'other')").fetchone()
+    assert row is not None and row[0] is True
+    params = ("job", timedelta(seconds=60), "waiter", "job", False)
+    conn2.autocommit = False
+    conn2.execute("SELECT lease_claim('job', '60s', 'winner')")  # granted, not committed
+    seen: list[Any] = []
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            with psycopg.connect(dsn) as tx:  # not autocommit: look inside its transaction
+                got = tx.execute(_waiting.CLAIM.postgres, params).fetchone()
+                assert got is not None
+                xid = tx.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()
+                sync = tx.execute("SHOW synchronous_commit").fetchone()
+                seen.append((got[0], xid and xid[0], sync and sync[0]))
+                tx.rollback()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    blocked = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND datname = current_database()"
+    )
+    assert wait_until(lambda: (conn.execute(blocked).fetchone() or (0,))[0] == 1, 30)
+    conn2.commit()
+    thread.join(30)
+    assert errors == []
+    fence, xid, sync = seen[0]
+    assert fence is None and xid is not None and sync == "off"
+
+    # Granted, the claim commits durably as every grant does.
+    row = conn.execute("SELECT lease_release('job', 'winner')").fetchone()
+    assert row is not None and row[0] is True
+    with psycopg.connect(dsn) as tx:
+        got = tx.execute(_waiting.CLAIM.postgres, params).fetchone()
+        assert got is not None and got[0] is not None
+        assert (tx.execute("SHOW synchronous_commit").fetchone() or ("",))[0] == "on"
+        tx.rollback()
