@@ -29,11 +29,11 @@ reads the status row that stood in the way (the holder's expiry, which paces the
 waiter). A busy claim still writes nothing: ``lease_unwait`` and ``lease_status``
 run only on their side of the answer, and a busy claim's commit never waits for a
 WAL flush (one that met the winner's claim on the row holds a row lock until it
-commits, and the winner's fenced writes wait for that). A head that claimed in vain less than
-STATUS_FRESH ago leaves the status out (lease_status, an SQL function planned at
-every call, costs several busy claims of server time, and a busy name's head
-claims again at every release); it reads it again once that is over, or once the
-expiry it knows is past.
+commits, and the winner's fenced writes wait for that). A head that claimed in
+vain less than STATUS_FRESH ago leaves the status out (lease_status, an SQL
+function planned at every call, costs several busy claims of server time, and a
+busy name's head claims again at every release); it reads it again once that is
+over, or once the expiry it knows is past.
 
 When the listener's connection is lost, every head is woken to claim once and
 polls until the reader has LISTENed again (with backoff); a release missed
