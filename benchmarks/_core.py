@@ -30,6 +30,7 @@ class Scale:
     names: tuple[int, ...] = (1, 64)
     contention_seconds: float = 1.5
     contention_rounds: int = 3
+    api_rounds: int = 5  # section 6's Python API part: 1 worker vs the most, interleaved
     peer_ops: int = 200
     peer_rounds: int = 7
     function_ops: int = 50  # section 9: short rounds, so that paired neighbours share the load
@@ -53,6 +54,7 @@ SMOKE = Scale(
     names=(1, 4),
     contention_seconds=0.2,
     contention_rounds=1,
+    api_rounds=1,
     peer_ops=3,
     peer_rounds=2,
     function_ops=5,

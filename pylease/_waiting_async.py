@@ -21,6 +21,19 @@ process with ``NOTIFY pylease_waiters``. The others claim only on their poll
 interval, the safety net for a queued process that vanished (its row expires,
 since it is refreshed only while its process waits).
 
+A waiter's claims after its first are one statement each (:func:`claim`): granted,
+the process leaves the queue of waiting processes in the claim's own transaction
+(a round trip less between the release and the block); busy, the same statement
+reads the status row that stood in the way (the holder's expiry, which paces the
+waiter). A busy claim still writes nothing: ``lease_unwait`` and ``lease_status``
+run only on their side of the answer, and a busy claim's commit never waits for a
+WAL flush (one that met the winner's claim on the row holds a row lock until it
+commits, and the winner's fenced writes wait for that). A head that claimed in
+vain less than STATUS_FRESH ago leaves the status out (lease_status, an SQL
+function planned at every call, costs several busy claims of server time, and a
+busy name's head claims again at every release); it reads it again once that is
+over, or once the expiry it knows is past.
+
 When the listener's connection is lost, every head is woken to claim once and
 polls until the reader has LISTENed again (with backoff); a release missed
 meanwhile is found by that claim. Behind a pooler in transaction mode, where
@@ -38,7 +51,7 @@ import os
 import random
 import weakref
 from collections import deque
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -48,7 +61,9 @@ from pylease._acompat import AEvent, ALock, AMutex, AWorker, asleep, aspawn, mon
 from pylease._backend_async import AsyncBackend
 from pylease._conninfo import CHANNEL, LISTEN_APP, own_conninfo
 from pylease._lease_core import default_holder
+from pylease._operation import GRANT, Operation
 from pylease._postgres_async import AsyncPostgresBackend, wrap_errors
+from pylease._rows import LeaseRow
 from pylease.errors import PyleaseError, SchemaMissing
 from pylease.targets_async import AsyncLink
 
@@ -68,12 +83,52 @@ FIRST_OUTAGE = 0.05
 MAX_OUTAGE = 1.0
 # The longest sleep of a waiter that is not first in line of its process.
 NAP = 60.0
+# A head's busy claim reads the status with it at most this often (see the docstring).
+STATUS_FRESH = 1.0
 # A process's row in the queue of waiting processes expires this long after it was
 # last refreshed; it is refreshed every third of that while the process waits.
 WAITER_TTL = 30.0
 QUEUE_CHANNEL = "pylease_waiters"
 WAIT: LiteralString = "SELECT lease_wait(%s, %s, %s)"
 UNWAIT: LiteralString = "SELECT lease_unwait(%s, %s, %s)"
+# A waiter's claim (see the module's docstring). OFFSET 0 keeps each subquery whole:
+# lease_claim runs once, and lease_status behind a one-time filter, only when busy.
+_STATUS_COLUMNS: LiteralString = (
+    "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
+)
+_CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
+# A busy claim that met the winner's claim on the lease's row waited for it, then
+# locked the row's new version to recheck it: its transaction has an xid, and its
+# commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
+# wait for its lock. Busy, it granted nothing: its commit need not be durable.
+_BUSY_NO_FLUSH: LiteralString = (
+    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END, "
+)
+_STATUS: LiteralString = (
+    " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL AND %s OFFSET 0)"
+    " AS s ON true"
+)
+# Grants: run as every claim is (a grant counts only once durable, see _postgres_async).
+CLAIM = Operation(
+    "claim_waiting",
+    GRANT,
+    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
+    (),
+    tuple,
+)
+# The same for a process queued in pylease_waiters (the function exists): on a
+# grant it leaves the queue there and then, waking the next process.
+CLAIM_QUEUED = Operation(
+    "claim_queued",
+    GRANT,
+    "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
+    + _BUSY_NO_FLUSH
+    + _STATUS_COLUMNS
+    + _CLAIMED
+    + _STATUS,
+    (),
+    tuple,
+)
 
 # Guards every hub's queues and state: changed without awaiting in between.
 _mutex = AMutex()
@@ -96,6 +151,8 @@ class AsyncWaiter:
         # not queued there; False: queued behind another process; True: first.
         self.db_head: bool | None = None
         self.refresh_at = 0.0
+        # True once a granted claim took the process out of that queue (see claim()).
+        self.left = False
 
     @property
     def head(self) -> bool:
@@ -299,9 +356,42 @@ async def join_queue(link_: AsyncLink, waiter: AsyncWaiter) -> None:
         waiter.refresh_at = monotonic() + WAITER_TTL / 3
 
 
+async def claim(
+    link_: AsyncLink, waiter: AsyncWaiter, ttl: timedelta, holder: str, *, status: bool
+) -> tuple[int | None, list[LeaseRow] | None]:
+    """Claim for a waiter, in one statement: (fence, None) when granted, else (None,
+    the status rows if ``status``, else None).
+
+    Granted while its process is queued in pylease_waiters, the claim also takes it
+    out (as :func:`leave_queue` would, with the lease), in the same transaction.
+    """
+    name = waiter.name
+    queued = waiter.db_head is not None
+    tail: tuple[Any, ...] = (name, ttl, holder, name, status)
+    if queued:
+        op, params = CLAIM_QUEUED, (name, waiter.hub.token, *tail)
+    else:
+        op, params = CLAIM, tail
+
+    async def run(b: AsyncBackend) -> list[tuple[Any, ...]]:
+        assert isinstance(b, AsyncPostgresBackend)
+        rows: list[tuple[Any, ...]] = await b._call(op, params, name)
+        return rows
+
+    row = (await link_.run(run, name=name, retry=True))[0]
+    fence = row[0]
+    if fence is not None:
+        if queued:
+            waiter.left = True
+        return fence, None
+    if not status:
+        return None, None
+    return None, [] if row[3] is None else [LeaseRow(*row[3:])]
+
+
 async def leave_queue(link_: AsyncLink, waiter: AsyncWaiter, *, granted: bool) -> None:
     """Take the process out of the queue of waiting processes, waking the next one."""
-    if waiter.db_head is None:
+    if waiter.db_head is None or waiter.left:
         return
     hub, name = waiter.hub, waiter.name
     waiter.db_head = None
@@ -310,6 +400,14 @@ async def leave_queue(link_: AsyncLink, waiter: AsyncWaiter, *, granted: bool) -
     except PyleaseError as exc:
         # Its row expires by itself: the next process only waits a little longer.
         logger.info("pylease: could not leave the queue of waiters of %r: %s", name, exc)
+
+
+def status_due(read_at: float, expires_at: datetime | None) -> bool:
+    """Whether a head's claim should read the status, last read at ``read_at``
+    (monotonic) and then showing a holder until ``expires_at`` (None: none)."""
+    if expires_at is None or monotonic() - read_at >= STATUS_FRESH:
+        return True
+    return expires_at <= datetime.now(UTC)
 
 
 def mark(conninfo: str) -> Mark | None:

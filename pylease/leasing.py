@@ -115,6 +115,9 @@ def acquire(
     outage = waiting.FIRST_OUTAGE
     current: str | None = None
     expires_at: datetime | None = None
+    # When the head last read the status; whether its last busy claim left it out.
+    status_at = float("-inf")
+    skipped = False
     try:
         while True:
             head = waiter is None or waiter.head
@@ -132,16 +135,29 @@ def acquire(
                     if not retry:
                         continue
                     sent_at = monotonic()
-                    fence = link_.run(claim, name=name, retry=True)
+                    look = (
+                        on_busy is not None
+                        or (want_holder and sent_at >= deadline)
+                        or (head and (waiter is None or waiting.status_due(status_at, expires_at)))
+                    )
+                    skipped = head and not look
+                    seen_rows: list[Any] | None = None
+                    if waiter is None:
+                        fence = link_.run(claim, name=name, retry=True)
+                    else:
+                        # One statement: the claim, and what stood in the way (see there).
+                        fence, seen_rows = waiting.claim(link_, waiter, ttl, holder, status=look)
                     if fence is not None:
                         granted = True
                         log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                         return fence, sent_at
-                    if head or on_busy is not None or (want_holder and monotonic() >= deadline):
-                        rows = link_.run(status, name=name)
-                        current, expires_at = current_holder(rows)
+                    if look:
+                        if seen_rows is None:
+                            seen_rows = link_.run(status, name=name)
+                        current, expires_at = current_holder(seen_rows)
+                        status_at = sent_at
                         if on_busy is not None:
-                            on_busy(rows[0] if rows else None)
+                            on_busy(seen_rows[0] if seen_rows else None)
                 except DatabaseUnavailable:
                     # A failover, a restart: the wait rides it out until its deadline.
                     # (A SQLite file locked past its busy timeout is no failover.)
@@ -180,6 +196,10 @@ def acquire(
                 pause = next_pause(expires_at, poll, deadline - now, backoff)
             if waiter is not None and waiter.db_head is not None:
                 pause = min(pause, max(waiter.refresh_at - now, 0.0))
+            if skipped:
+                # The holder may have changed since the status was read: read it again
+                # soon, in case the new one's expiry comes earlier.
+                pause = min(pause, max(status_at + waiting.STATUS_FRESH - now, 0.0))
             if waiter is None:
                 sleep(pause)
                 retry = True

@@ -25,3 +25,73 @@ async def test_waiters_take_turns_through_notify(dsn: str, aconn: AConn) -> None
         await asyncio.sleep(0.3)
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert sorted(fences) == fences and len(set(fences)) == 5
+
+
+async def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
+    dsn: str, aconn: AConn
+) -> None:
+    # The twin of test_waiting.py's, on an event loop: busy, the head's claim reads
+    # the status with it (then leaves it out for a second); granted, its process
+    # leaves pylease_waiters in the claim's transaction.
+    statements: list[tuple[str, Any]] = []
+
+    class Recording(psycopg.AsyncCursor[Any]):
+        async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            statements.append((str(query), params))
+            return await super().execute(query, params, **kwargs)
+
+    async def queued() -> int:
+        cur = await monitor.execute("SELECT count(*) FROM pylease_waiters WHERE name = 'job'")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def claims() -> list[bool]:
+        return [bool(p[-1]) for q, p in statements if "lease_claim" in q and "lease_status" in q]
+
+    async def until(predicate: Any) -> None:
+        for _ in range(1500):
+            if await predicate():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("timed out")
+
+    await aconn.execute("SELECT lease_claim('job', '60s', 'other')")
+    monitor = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    inside: list[Any] = []
+    wconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, cursor_factory=Recording)
+
+    async def waiter() -> None:
+        async with alease(wconn, "job", ttl=60, wait=60, poll_interval=60, heartbeat=False):
+            inside.append((list(statements), await queued()))
+
+    task = asyncio.create_task(waiter())
+    try:
+
+        async def first() -> bool:
+            return await queued() == 1 and claims() == [True]
+
+        await until(first)
+        await aconn.execute("NOTIFY pylease, 'job'")
+
+        async def second() -> bool:
+            return len(claims()) == 2
+
+        await until(second)
+        assert claims() == [True, False]
+        assert await queued() == 1
+        before = len(statements)
+        cur = await aconn.execute("SELECT lease_release('job', 'other')")
+        assert (await cur.fetchone()) == (True,)
+        await asyncio.wait_for(task, 30)
+    finally:
+        await wconn.close()
+        await monitor.close()
+    ran, rows = inside[0]
+    # Since: claims only (one may have read the status on its own before the release),
+    # the last of them granted and leaving the queue.
+    assert len(ran) > before and all("lease_claim" in q for q, _ in ran[before:])
+    assert "lease_unwait" in ran[-1][0]
+    assert rows == 0
+    separate = ("SELECT lease_unwait", "SELECT name")
+    assert not [q for q, _ in statements if q.startswith(separate)]
