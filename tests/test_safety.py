@@ -303,12 +303,16 @@ def test_5_leaving_the_block_is_bounded_when_the_database_stops_answering(
 
 # 6. A slow on_lost -----------------------------------------------------------------
 
+# Longer than b's 2 s ttl by a renewal interval and more: had the callback held up
+# the keeper, b would run out while it ran, and the contender would be granted b.
+SLOW_ON_LOST = 3.5
+
 
 def test_6_a_slow_on_lost_does_not_stall_other_leases(pg: Db, w: Witness, own_keeper: Any) -> None:
     slow_done = threading.Event()
 
     def slow(_error: LeaseLost) -> None:
-        time.sleep(6)
+        time.sleep(SLOW_ON_LOST)
         slow_done.set()
 
     with proxy(pg.dsn or "") as p:

@@ -31,6 +31,7 @@ from tests.test_safety import (
     MAX_FENCE,
     OWNER_TTL,
     SHORT_TTL,
+    SLOW_ON_LOST,
     TRIED_FOR,
     exhaust,
     server_ahead,
@@ -230,7 +231,7 @@ async def test_6_a_slow_async_on_lost_does_not_stall_other_leases(pg: Db, w: Wit
 
     async def slow(_error: LeaseLost) -> None:
         w.note("on_lost-start", "a")
-        await asyncio.sleep(6)
+        await asyncio.sleep(SLOW_ON_LOST)
         slow_done.set()
 
     a_cancelled = asyncio.Event()
