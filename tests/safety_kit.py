@@ -34,6 +34,7 @@ class Db:
         self.dsn = dsn
         self.path = path
         self._opened: list[Any] = []
+        self._reader: Any = None
 
     @property
     def url(self) -> str:
@@ -57,6 +58,14 @@ class Db:
     def holder_of(self, name: str) -> str | None:
         rows = self.backend().status(name)
         return next((r.holder for r in rows if r.held), None)
+
+    def row(self, name: str) -> Any:
+        """The lease's ``lease_status`` row, as a second party reads it (one connection)."""
+        if self._reader is None:
+            self._reader = self.backend()
+        rows = self._reader.status(name)
+        assert len(rows) == 1, rows
+        return rows[0]
 
     def close(self) -> None:
         for conn in self._opened:

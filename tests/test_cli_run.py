@@ -344,8 +344,11 @@ def test_two_runs_at_once_one_runs_one_is_busy(
 
 def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
-    held = pylease("claim", "job", "--ttl", "3s", "--holder", "someone-else", "--dsn", url)
+    # Held until the spinner was seen, however long pylease takes to start: a holder
+    # whose ttl ran out first would leave nothing to wait for, hence no spinner.
+    held = pylease("claim", "job", "--ttl", "10m", "--holder", "someone-else", "--dsn", url)
     assert held.returncode == 0, held.stderr
+    wanted = b"waiting for lease 'job': held by someone-else"
     leader, follower = os.openpty()
     proc = subprocess.Popen(
         [
@@ -355,7 +358,7 @@ def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) 
             "run",
             "job",
             "--ttl",
-            "1s",
+            "30s",
             "--wait",
             "30s",
             "--dsn",
@@ -370,6 +373,7 @@ def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) 
     )
     os.close(follower)
     shown = b""
+    release: subprocess.Popen[str] | None = None
     try:
         while True:
             try:
@@ -379,10 +383,22 @@ def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) 
             if not chunk:
                 break
             shown += chunk
+            if release is None and wanted in shown:
+                # Released from another process while this loop keeps the terminal
+                # drained, so the spinner never blocks on a full terminal.
+                release = subprocess.Popen(
+                    [sys.executable, "-m", "pylease", "release", "job",
+                     "--holder", "someone-else", "--dsn", url],
+                    env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True,
+                )  # fmt: skip
     finally:
         os.close(leader)
-        assert proc.wait(timeout=60) == 0
-    assert b"waiting for lease 'job': held by someone-else" in shown
+        code = proc.wait(timeout=60)
+    assert release is not None, f"no spinner naming the holder on the terminal: {shown!r}"
+    _, release_err = release.communicate(timeout=60)
+    assert release.returncode == 0, release_err
+    assert code == 0, shown  # it ran once the holder released, within its --wait
 
 
 class Proxy:

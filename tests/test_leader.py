@@ -71,6 +71,18 @@ def listeners(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+def run_out(conn: psycopg.Connection[Any], name: str) -> None:
+    """End the term of ``name`` by its expiry now, as a crashed leader's would end.
+
+    No release, hence no NOTIFY: only the expiry tells. A test that needs the row seen
+    held first claims it for a minute and runs it out here, instead of racing a short
+    ttl against how fast a loaded machine reads it.
+    """
+    conn.execute(
+        "UPDATE pylease_leases SET expires_at = clock_timestamp() WHERE name = %s", (name,)
+    )
+
+
 @contextlib.contextmanager
 def in_thread(target: Callable[[], object]) -> Iterator[threading.Thread]:
     """Run ``target`` in a thread; join it on leaving, and raise what it raised."""
@@ -181,10 +193,11 @@ def test_on_sqlite_the_standby_polls_and_leads(tmp_path: Path) -> None:
 
 def test_current_leader_is_the_held_row_only(dsn: str, conn: psycopg.Connection[Any]) -> None:
     assert current_leader(dsn, "scheduler") is None
-    conn.execute("SELECT lease_claim('scheduler', '200 ms', 'someone')")
+    conn.execute("SELECT lease_claim('scheduler', '1 min', 'someone')")
     row = current_leader(conn, "scheduler")
     assert isinstance(row, LeaseRow) and row.holder == "someone" and row.fence == 1
-    wait_until(lambda: current_leader(conn, "scheduler") is None)  # expired: nobody leads
+    run_out(conn, "scheduler")
+    assert current_leader(conn, "scheduler") is None  # expired: nobody leads
     conn.execute("SELECT lease_claim('scheduler', '1 min', 'next')")
     conn.execute("SELECT lease_release('scheduler', 'next')")
     assert current_leader(conn, "scheduler") is None  # released: nobody leads
@@ -238,11 +251,12 @@ def test_watch_sees_every_change_in_order_including_a_grant_from_psql(
 
 
 def test_watch_sees_an_expiry_as_nobody_leading(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    conn.execute("SELECT lease_claim('scheduler', '300 ms', 'gone')")
+    conn.execute("SELECT lease_claim('scheduler', '1 min', 'gone')")
     watch = watch_leader(conn, "scheduler")
     try:
         first = next(watch)
         assert first is not None and first.holder == "gone"
+        run_out(conn, "scheduler")  # the watcher reads the row again within its 1 s poll
         assert next(watch) is None
     finally:
         watch.close()
@@ -360,8 +374,13 @@ def test_stop_while_standing_by_ends_without_leading(
     conn.execute("SELECT lease_claim('scheduler', '1 min', 'elsewhere')")
     rec = Recorder()
     stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
-    run_as_leader(dsn, "scheduler", 5, lambda term: None, stop=stop, on_new_leader=rec.new,
+
+    def new(info: LeaseRow | None) -> None:
+        rec.new(info)
+        # Stopped while it waits: after it saw another lead, however late that was.
+        threading.Timer(0.1, stop.set).start()
+
+    run_as_leader(dsn, "scheduler", 5, lambda term: None, stop=stop, on_new_leader=new,
                   on_started_leading=rec.started)  # fmt: skip
     assert rec.calls == [("new", 1)]
 

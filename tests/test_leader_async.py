@@ -282,9 +282,14 @@ async def test_stop_while_standing_by_ends_without_leading(dsn: str, aconn: ACon
     await aconn.execute("SELECT lease_claim('scheduler', '1 min', 'elsewhere')")
     rec = Recorder()
     stop = asyncio.Event()
-    asyncio.get_running_loop().call_later(0.3, stop.set)
+
+    async def new(info: LeaseRow | None) -> None:
+        await rec.new(info)
+        # Stopped while it waits: after it saw another lead, however late that was.
+        asyncio.get_running_loop().call_later(0.1, stop.set)
+
     await arun_as_leader(dsn, "scheduler", 5, lambda term: asyncio.sleep(0), stop=stop,
-                         on_new_leader=rec.new, on_started_leading=rec.started)  # fmt: skip
+                         on_new_leader=new, on_started_leading=rec.started)  # fmt: skip
     assert rec.calls == [("new", 1)]
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 CHILD = r"""
@@ -114,6 +115,63 @@ def wait_for(out: Path, line: str, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.02)
 
 
+def catches(pid: int, signum: int) -> bool:
+    """True when process ``pid`` has a handler of its own for ``signum`` (SigCgt)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def has_open(pid: int, path: Path) -> bool:
+    """True when process ``pid`` has ``path`` open."""
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir():
+        try:
+            if Path(os.readlink(fd)) == path:
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
+
+
+def queued(dsn: str, name: str) -> int:
+    """How many processes wait in the queue of waiting processes for ``name``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pylease_waiters WHERE name = %s AND expires_at > now()",
+            (name,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def standing_by(url: str, name: str, proc: subprocess.Popen[str]) -> None:
+    """Wait for the evidence that ``proc`` stands by for ``name``, never for a fixed time.
+
+    Its SIGTERM handler is pylease's (set before its first claim, so a SIGTERM from now
+    on is pylease's to answer, not Python's default death); on PostgreSQL it also has a
+    row in the queue of waiting processes, which only a busy claim writes; on SQLite,
+    which keeps no trace of a waiter, it has the database file open.
+    """
+    deadline = time.monotonic() + 30
+
+    def there() -> bool:
+        try:
+            if not catches(proc.pid, signal.SIGTERM):
+                return False
+            if url.startswith("sqlite:///"):
+                return has_open(proc.pid, Path(url.removeprefix("sqlite:///")))
+        except OSError:
+            return False  # it exited meanwhile: the poll below says how
+        return queued(url, name) == 1
+
+    while not there():
+        if proc.poll() is not None:
+            raise AssertionError(f"pylease exited {proc.returncode}: {proc.communicate()}")
+        assert time.monotonic() < deadline, f"{proc.args} did not stand by within 30 s"
+        time.sleep(0.02)
+
+
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err
@@ -186,7 +244,9 @@ def test_it_waits_without_a_deadline_until_the_leader_resigns(
     assert held.returncode == 0, held.stderr
     proc = start(started, "leader", "sched", "--ttl", "5s", "--dsn", url, "--",
                  *child, "turn", str(out), "0")  # fmt: skip
-    time.sleep(1.0)  # not a speed: only that it is still waiting now
+    standing_by(url, "sched", proc)
+    if url.startswith("sqlite:///"):
+        time.sleep(0.5)  # SQLite keeps no trace of a busy claim: a few of its polls' time
     assert proc.poll() is None and lines(out) == []
     released = pylease("release", "sched", "--holder", "other", "--dsn", url)
     assert released.returncode == 0, released.stderr
@@ -229,7 +289,7 @@ def test_sigterm_while_standing_by_exits_without_running(
     marker = tmp_path / "ran"
     proc = start(started, "leader", "sched", "--ttl", "5s", "--dsn", url, "--",
                  "touch", str(marker))  # fmt: skip
-    time.sleep(1.0)
+    standing_by(url, "sched", proc)
     proc.terminate()
     code, _err = finish(proc)
     assert code == 128 + signal.SIGTERM
