@@ -542,8 +542,11 @@ def watch_leader(
         while True:
             watch.pause(last, stop, math.inf)
             row = watch.read()
-            if not same_leader(last, row):
-                last = row
+            changed = not same_leader(last, row)
+            # The fresh row, renewed or not: the next wake-up is its expiry, not the
+            # first one seen (long past for a leader that renews).
+            last = row
+            if changed:
                 yield row
     finally:
         watch.close()

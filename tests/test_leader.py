@@ -262,6 +262,43 @@ def test_watch_sees_an_expiry_as_nobody_leading(dsn: str, conn: psycopg.Connecti
         watch.close()
 
 
+def test_watching_a_leader_that_renews_reads_its_row_about_once_a_poll(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pylease import leadership
+
+    reads: list[float] = []
+    read = leadership.Watch.read
+
+    def counted(self: leadership.Watch) -> LeaseRow | None:
+        reads.append(time.monotonic())
+        return read(self)
+
+    monkeypatch.setattr(leadership.Watch, "read", counted)
+    seen: list[LeaseRow | None] = []
+
+    def watch() -> None:
+        for info in watch_leader(dsn, "scheduler"):  # the default 1 s poll
+            seen.append(info)
+            if info is None:
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    with leader(dsn, "scheduler", ttl=1, holder="healthy") as term:
+        watcher.start()
+        wait_until(lambda: len(seen) == 1)
+        start = time.monotonic()
+        time.sleep(3.0)  # three times the ttl: the first row seen expired long ago
+        term.check()
+        during = [t for t in reads if t >= start]
+    # Leaving the block released the term: the watcher sees nobody and ends.
+    watcher.join(LIVE)
+    assert not watcher.is_alive()
+    # A read per poll and per expiry it knows: a handful, not one per 10 ms backoff.
+    assert len(during) <= 12, len(during)
+    assert seen[0] is not None and seen[0].holder == "healthy" and seen[-1] is None
+
+
 # run_as_leader() -------------------------------------------------------------------
 
 
