@@ -227,6 +227,36 @@ def test_a_writer_that_commits_in_time_only_delays_a_claim(db: Path) -> None:
     integrity(db)
 
 
+def test_a_new_file_that_another_process_is_setting_up_is_waited_for(tmp_path: Path) -> None:
+    # Two processes opening a new file at once (`make demo`): one holds the write lock
+    # (it is migrating) while the other asks for WAL mode, which SQLite then refuses at
+    # once, without its busy handler.
+    path = tmp_path / "new.sqlite3"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    committed: list[float] = []
+
+    def commit() -> None:
+        other.execute("COMMIT")
+        committed.append(time.monotonic())
+
+    timer = threading.Timer(0.3, commit)
+    timer.start()
+    try:
+        conn = connect(path)
+        opened = time.monotonic()
+    finally:
+        timer.join()
+        other.close()
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert committed and committed[0] <= opened
+        assert SqliteBackend(conn).claim("job", timedelta(seconds=30), "h") == 1
+    finally:
+        conn.close()
+    integrity(path)
+
+
 def test_a_heartbeat_locked_out_past_the_ttl_reports_the_loss(db: Path) -> None:
     url = f"sqlite:///{db}"
     told: list[datetime] = []

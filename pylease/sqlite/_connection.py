@@ -6,6 +6,7 @@ import math
 import os
 import sqlite3
 import threading
+import time
 from typing import Any
 
 from pylease.errors import ConfigurationError, InvalidArgument
@@ -29,6 +30,27 @@ class _Connection(sqlite3.Connection):
 
 
 # Connections -----------------------------------------------------------------
+
+
+def _journal_mode_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
+    """``PRAGMA journal_mode = WAL``, retried for up to ``busy_timeout`` seconds.
+
+    While another connection holds the write lock of a file not yet in WAL mode (two
+    processes opening a new file at once: one is migrating it), SQLite answers the
+    change with SQLITE_BUSY at once, without its busy handler.
+    """
+    deadline = time.monotonic() + busy_timeout
+    pause = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)
+            busy = isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def connect(
@@ -79,7 +101,7 @@ def connect(
     conn.pylease_busy_timeout = float(busy_timeout)
     try:
         with _errors(None, where):
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = _journal_mode_wal(conn, busy_timeout)
             if not memory and str(mode).lower() != "wal":
                 raise ConfigurationError(
                     f"pylease: SQLite refused WAL mode for {where} (journal_mode is {mode})"
