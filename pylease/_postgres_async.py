@@ -54,6 +54,7 @@ class AsyncPostgresBackend(AsyncOperations):
         self, op: Operation, params: tuple[Any, ...], name: str | None
     ) -> list[tuple[Any, ...]]:
         with wrap_errors(name):
-            async with self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(op.postgres, params)
-                return await cur.fetchall()
+            # A client-side cursor holds nothing to close: no `async with` on the hot path.
+            cur = self.conn.cursor(row_factory=tuple_row)
+            await cur.execute(op.postgres, params)
+            return await cur.fetchall()

@@ -325,7 +325,8 @@ class Lease:
         try:
             if self._opts.heartbeat:
                 keeper().remove(ticket, link_.source)
-                settle(ticket)
+                if ticket.callback is not None:
+                    settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
             cause = None
             if trouble is None and (released is False or ticket.error() is not None):

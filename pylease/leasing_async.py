@@ -340,9 +340,11 @@ class AsyncLease:
         try:
             if self._opts.heartbeat:
                 await keeper().remove(ticket, link_.source)
-                await settle(ticket)
+                if ticket.callback is not None:
+                    await settle(ticket)
             if True:  # ASYNC
-                exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
+                if ticket.cancelled_body:
+                    exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
             released, trouble = await release(link_, ticket, self._opts.min_hold)
             cause = None
             if trouble is None and (released is False or ticket.error() is not None):

@@ -53,6 +53,8 @@ class PostgresBackend(Operations):
     def _rows(
         self, op: Operation, params: tuple[Any, ...], name: str | None
     ) -> list[tuple[Any, ...]]:
-        with wrap_errors(name), self.conn.cursor(row_factory=tuple_row) as cur:
+        with wrap_errors(name):
+            # A client-side cursor holds nothing to close: no `with` on the hot path.
+            cur = self.conn.cursor(row_factory=tuple_row)
             cur.execute(op.postgres, params)
             return cur.fetchall()
