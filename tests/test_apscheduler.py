@@ -8,10 +8,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-import pytest
 
-pytest.importorskip("apscheduler", reason="the apscheduler extra is not installed")
-
+# Installed by the dev extra (`make test`): a missing one fails, never skips.
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 

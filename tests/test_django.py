@@ -11,15 +11,15 @@ from contextlib import ExitStack
 from io import StringIO
 from typing import Any
 
+# Installed by the dev extra (`make test`): a missing one fails, never skips.
+import django
 import psycopg
 import pytest
 
-django = pytest.importorskip("django", reason="the django extra is not installed")
-
-from pylease import exclusive, lease  # noqa: E402
-from pylease.migrate import rollback  # noqa: E402
-from tests.conftest import _create_db, _drop_db  # noqa: E402
-from tests.helpers_lease import status  # noqa: E402
+from pylease import exclusive, lease
+from pylease.migrate import rollback
+from tests.conftest import _create_db, _drop_db
+from tests.helpers_lease import status
 
 Conn = psycopg.Connection[Any]
 
