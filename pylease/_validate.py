@@ -117,7 +117,7 @@ def wait(value: object, parameter: str = "wait") -> float:
 
     ``math.inf`` (:data:`FOREVER`), ``"forever"`` and ``timedelta.max`` wait without one.
     """
-    if value == 0 and type(value) is int:
+    if type(value) is int and value == 0:
         return 0.0  # the default: no wait
     if value == timedelta.max:
         return math.inf
