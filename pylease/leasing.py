@@ -151,6 +151,8 @@ def acquire(
                         granted = True
                         log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
                         return fence, sent_at
+                    if not look and want_holder and monotonic() >= deadline:
+                        look = True  # the claim ended past the deadline: name the holder now
                     if look:
                         if seen_rows is None:
                             seen_rows = link_.run(status, name=name)
