@@ -70,16 +70,19 @@ class Held:
 
     @property
     def lost(self) -> bool:
-        """True once the lease is known to be no longer ours, or its ttl ran out."""
-        return self._ticket.error() is not None
+        """True once the lease is known to be no longer ours, or its ttl ran out, or
+        its block was left (the lease was given back)."""
+        return self._ticket.ended or self._ticket.error() is not None
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is no longer ours.
 
-        A local check, no round trip: it reports what the heartbeat learned, and a
-        lease whose ttl ran out without a renewal.
+        A local check, no round trip: it reports what the heartbeat learned, a lease
+        whose ttl ran out without a renewal, and a block that was left.
         """
         error = self._ticket.error()
+        if error is None and self._ticket.ended:
+            error = LeaseLost(self.name, "its block has ended: the lease was given back")
         if error is not None:
             raise error
 

@@ -51,6 +51,9 @@ class Ticket:
     # its renewals have been logged.
     fence: int | None = None
     logged_renewals = 0
+    # Set once its lease block is left: from then on the lease may be another's, so
+    # its Held reads as lost (the ticket's own error() still tells the block's story).
+    ended = False
 
     def __init__(
         self,

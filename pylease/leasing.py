@@ -321,6 +321,8 @@ class Lease:
             # connections, no release, no lock (one may have been held at the fork),
             # and the child's own exception goes on unchanged.
             return
+        # Before the release goes out: once it commits, another may be granted the lease.
+        ticket.ended = True
         if self._finalizer is not None:
             self._finalizer.detach()
         self._held = None

@@ -270,6 +270,17 @@ def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
     assert function_calls(conn, "lease_release") == 1000
 
 
+def test_a_held_reads_as_lost_once_its_block_is_left(conn: Conn, conn2: Conn) -> None:
+    # Once released, the lease may be another's: what its Held says must follow.
+    with lease(conn, "sweep", ttl=30) as held:
+        assert not held.lost
+        held.check()
+    assert claim(conn2, "sweep") is not None
+    assert held.lost
+    with pytest.raises(LeaseLost, match="block has ended"):
+        held.check()
+
+
 def test_errors_pickle(conn: Conn, conn2: Conn) -> None:
     claim(conn2, "sweep", holder="them")
     with pytest.raises(LeaseBusy) as busy, lease(conn, "sweep", ttl=5):

@@ -423,6 +423,17 @@ async def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
     assert function_calls(conn, "lease_release") == 1000
 
 
+async def test_a_held_reads_as_lost_once_its_block_is_left(aconn: AConn, aconn2: AConn) -> None:
+    # Once released, the lease may be another's: what its Held says must follow.
+    async with alease(aconn, "sweep", ttl=30) as held:
+        assert not held.lost
+        held.check()
+    assert await aclaim(aconn2, "sweep") is not None
+    assert held.lost
+    with pytest.raises(LeaseLost, match="block has ended"):
+        held.check()
+
+
 async def test_errors_pickle(aconn: AConn, aconn2: AConn) -> None:
     await aclaim(aconn2, "sweep", holder="them")
     with pytest.raises(LeaseBusy) as busy:
