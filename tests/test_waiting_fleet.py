@@ -230,3 +230,64 @@ def test_waiters_work_on_a_schema_without_the_queue_of_waiting_processes(
     join(threads)
     assert [r for r in results if not isinstance(r, int)] == []
     assert len(set(results)) == 5
+
+
+HAMMERING_PROCESS = """
+import sys, threading, time
+from pylease import lease
+from tests.witness import Witness
+
+w, dsn, seconds = Witness(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+end = time.monotonic() + seconds
+tenures = 0
+
+
+def hammer() -> None:
+    global tenures
+    while time.monotonic() < end:
+        with lease(dsn, "hammered", ttl=5, wait=30, heartbeat=False) as held:
+            w.grant("hammered", held.holder, held.fence)
+            for _ in range(3):
+                w.sample(held)
+                time.sleep(0.002)
+            tenures += 1
+
+
+threads = [threading.Thread(target=hammer) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(tenures)
+"""
+
+
+def test_processes_and_threads_hammering_one_name_through_the_waiting_path_never_overlap(
+    dsn: str, tmp_path: Any
+) -> None:
+    # Four processes of three threads each: the in-process queue, the queue of waiting
+    # processes and their one-statement claims, all under the belief witness.
+    from tests.witness import Witness
+
+    w = Witness(tmp_path / "witness.jsonl")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", HAMMERING_PROCESS, str(w.path), dsn, "3"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        for _ in range(4)
+    ]
+    try:
+        outputs = [p.communicate(timeout=BOUND)[0] for p in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [p.returncode for p in processes] == [0] * 4
+    tenures = sum(int(o) for o in outputs)
+    grants = w.grants("hammered")
+    assert len(grants) == tenures > 4 * 3
+    w.assert_sound()  # no belief of one holder after a grant to another
+    fences = [g.fields["fence"] for g in sorted(grants, key=lambda g: g.t)]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
