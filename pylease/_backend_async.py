@@ -1,24 +1,152 @@
 # The source of pylease/_backend.py: tools/async_to_sync.py writes it from this file.
-"""The operations every backend offers: the SQL API of the contract, one method each.
+"""The operations every backend offers, the SQL API of the contract: one method each.
 
-The protocol is the class both backends inherit their methods from,
-:class:`~pylease._operations_async.AsyncOperations`, where each operation is declared
-once. The PostgreSQL backend calls the SQL functions; the SQLite backend runs the
-same semantics from ``sql/sqlite/``. One conformance suite runs against both.
-:mod:`pylease._backend` exports both protocols and the rows they answer with.
+Each method checks the arguments before any SQL runs (the SQL checks them again) and
+calls the backend's ``_call`` with the operation's declaration
+(:mod:`pylease._operations`). Both backends inherit these methods
+(``AsyncPostgresBackend``, ``AsyncSqliteBackend``, and their generated sync twins), so
+PostgreSQL and SQLite refuse the same inputs the same way; :class:`AsyncBackend` is the
+protocol of both.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
 
-from pylease._operations_async import AsyncOperations
-from pylease._rows import CounterRow as CounterRow
-from pylease._rows import LeaseEvent as LeaseEvent
-from pylease._rows import LeaseRow as LeaseRow
-from pylease._rows import Renewal as Renewal
+from pylease import _checks
+from pylease._operations import (
+    CLAIM,
+    COUNTERS,
+    HISTORY,
+    HOLDS,
+    PRUNE_HISTORY,
+    RELEASE,
+    RENEW,
+    RENEW_EACH,
+    RENEW_MANY,
+    STATUS,
+    STEAL,
+    CounterRow,
+    LeaseEvent,
+    LeaseRow,
+    Operation,
+    Renewal,
+)
 
-# sync: from pylease._backend_async import AsyncBackend as AsyncBackend
 
-#: Lease operations; arguments are checked by the caller's layer too.
-AsyncBackend: TypeAlias = AsyncOperations
+def _key(name: object) -> str | None:
+    return None if name is None else _checks.key("name", name)
+
+
+def _span(parameter: str, value: object) -> timedelta | None:
+    return None if value is None else _checks.span(parameter, value)
+
+
+class AsyncBackend:
+    """Lease operations; arguments are checked by the caller's layer too."""
+
+    async def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
+        """Run ``op`` with its checked parameters; errors name the lease ``name``."""
+        raise NotImplementedError
+
+    async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
+        params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
+        result: int | None = await self._call(CLAIM, params, name)
+        return result
+
+    async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
+        span = None if ttl is None else _checks.ttl(ttl)
+        params = (_checks.key("name", name), _checks.key("holder", holder), span)
+        return bool(await self._call(RENEW, params, name))
+
+    async def renew_many(
+        self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
+    ) -> list[tuple[str, bool]]:
+        span = None if ttl is None else _checks.ttl(ttl)
+        params = (*_checks.key_lists(names, holders), span)
+        result: list[tuple[str, bool]] = await self._call(RENEW_MANY, params, None)
+        return result
+
+    async def renew_each(
+        self,
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """Renew each lease with its own ttl (None: its last one), in one statement.
+
+        :raises InvalidArgument: bad names, holders or ttls, or lists of unequal length.
+        """
+        name_list, holder_list = _checks.key_lists(names, holders)
+        params = (name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
+        result: list[Renewal] = await self._call(RENEW_EACH, params, None)
+        return result
+
+    async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
+        params = (
+            _checks.key("name", name),
+            _checks.key("holder", holder),
+            _span("min_hold", min_hold),
+        )
+        return bool(await self._call(RELEASE, params, name))
+
+    async def steal(
+        self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
+    ) -> int | None:
+        params = (
+            _checks.key("name", name),
+            _checks.ttl(ttl),
+            _checks.key("holder", holder),
+            _checks.span("older_than", older_than),
+        )
+        result: int | None = await self._call(STEAL, params, name)
+        return result
+
+    async def holds(self, name: str, holder: str, fence: int) -> bool:
+        params = (
+            _checks.key("name", name),
+            _checks.key("holder", holder),
+            _checks.fence(fence),
+        )
+        return bool(await self._call(HOLDS, params, name))
+
+    async def status(self, name: str | None = None) -> list[LeaseRow]:
+        """``lease_status``: per name (all when None), who holds it and until when."""
+        result: list[LeaseRow] = await self._call(STATUS, (_key(name),), name)
+        return result
+
+    async def counters(self, name: str | None = None) -> list[CounterRow]:
+        """``lease_counters``: per name (all when None), grants, takeovers, steals, releases."""
+        result: list[CounterRow] = await self._call(COUNTERS, (_key(name),), name)
+        return result
+
+    async def history(
+        self,
+        name: str | None = None,
+        since: datetime | timedelta | None = None,
+        max_rows: int = 100,
+    ) -> list[LeaseEvent]:
+        """``lease_history``: recorded events, newest first.
+
+        :param since: an aware datetime, or a span back from the database's now.
+        :raises InvalidArgument: a bad name, since, or max_rows outside 1..10,000.
+        """
+        after = _checks.since(since)
+        params = (
+            _key(name),
+            after if isinstance(after, datetime) else None,
+            after if isinstance(after, timedelta) else None,
+            _checks.max_rows(max_rows),
+        )
+        result: list[LeaseEvent] = await self._call(HISTORY, params, name)
+        return result
+
+    async def prune_history(self, older_than: timedelta) -> int:
+        """``lease_prune_history``: delete the events older than ``older_than``; how many.
+
+        :raises PyleaseError: the role may not prune (not executable by PUBLIC).
+        """
+        params = (_checks.span("older_than", older_than),)
+        return int(await self._call(PRUNE_HISTORY, params, None))

@@ -1,7 +1,7 @@
 """Targets from the ORMs: what a SQLAlchemy engine or connection, or a Django connection, is
 to the lease machinery.
 
-:func:`adapt` turns such a target into one :mod:`pylease.targets` already knows, so the
+:func:`adapt` turns such a target into one :mod:`pylease._links` already knows, so the
 rules of that target hold unchanged:
 
 - a SQLAlchemy ``Engine`` or ``AsyncEngine`` (over psycopg 3) becomes the conninfo of
@@ -38,7 +38,7 @@ _NOT_CONNINFO = {"autocommit", "prepare_threshold", "context", "row_factory", "c
 
 
 def adapt(target: object, parameter: str = "target") -> object:
-    """The target :mod:`pylease.targets` accepts for an ORM ``target``; others unchanged.
+    """The target :mod:`pylease._links` accepts for an ORM ``target``; others unchanged.
 
     :raises InvalidArgument: an ORM target pylease cannot use (another database, a
         driver other than psycopg 3, a closed connection).

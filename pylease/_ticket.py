@@ -1,7 +1,7 @@
 """A kept lease as the keeper sees it: the :class:`Ticket`, and how its loss is told.
 
-Shared by the sync and async keepers (:mod:`pylease.heartbeat`,
-:mod:`pylease.heartbeat_async`) and the lease blocks that hand them their tickets.
+Shared by the sync and async keepers (:mod:`pylease._keeper`,
+:mod:`pylease._keeper_async`) and the lease blocks that hand them their tickets.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sqlite3
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from pylease._validate import FOREVER as FOREVER
+from pylease._checks import FOREVER as FOREVER
 
 __all__ = ["FOREVER", "AsyncTarget", "DjangoConnection", "Duration", "Target", "Wait"]
 

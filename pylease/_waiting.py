@@ -58,13 +58,12 @@ from psycopg.rows import tuple_row
 
 from pylease._acompat import Event, Lock, Mutex, Worker, monotonic, sleep, spawn
 from pylease._backend import Backend
-from pylease._conninfo import CHANNEL, LISTEN_APP, own_conninfo
-from pylease._lease_core import default_holder
-from pylease._operation import GRANT, Operation
-from pylease._rows import LeaseRow
+from pylease._held import default_holder
+from pylease._links import Link
+from pylease._operations import GRANT, LeaseRow, Operation
 from pylease.errors import PyleaseError, SchemaMissing
-from pylease.postgres import PostgresBackend, wrap_errors
-from pylease.targets import Link
+from pylease.postgres._backend import PostgresBackend, wrap_errors
+from pylease.postgres._conninfo import CHANNEL, LISTEN_APP, own_conninfo
 
 logger = logging.getLogger("pylease")
 
@@ -107,7 +106,7 @@ _STATUS: LiteralString = (
     " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL AND %s OFFSET 0)"
     " AS s ON true"
 )
-# Grants: run as every claim is (a grant counts only once durable, see postgres).
+# Grants: run as every claim is (a grant counts only once durable, see _postgres_async).
 CLAIM = Operation(
     "claim_waiting",
     GRANT,

@@ -59,13 +59,12 @@ from psycopg.rows import tuple_row
 
 from pylease._acompat import AEvent, ALock, AMutex, AWorker, asleep, aspawn, monotonic
 from pylease._backend_async import AsyncBackend
-from pylease._conninfo import CHANNEL, LISTEN_APP, own_conninfo
-from pylease._lease_core import default_holder
-from pylease._operation import GRANT, Operation
-from pylease._postgres_async import AsyncPostgresBackend, wrap_errors
-from pylease._rows import LeaseRow
+from pylease._held import default_holder
+from pylease._links_async import AsyncLink
+from pylease._operations import GRANT, LeaseRow, Operation
 from pylease.errors import PyleaseError, SchemaMissing
-from pylease.targets_async import AsyncLink
+from pylease.postgres._backend_async import AsyncPostgresBackend, wrap_errors
+from pylease.postgres._conninfo import CHANNEL, LISTEN_APP, own_conninfo
 
 logger = logging.getLogger("pylease")
 

@@ -29,9 +29,10 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from pylease import __version__, _validate, durations, render
+from pylease import __version__, _checks, durations, render
 from pylease import dsn as dsn_mod
-from pylease._backend import Backend, LeaseRow
+from pylease._backend import Backend
+from pylease._operations import LeaseRow
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -175,7 +176,7 @@ def _duration(
             return span
         if positive and span <= timedelta(0):
             raise typer.BadParameter(f"{option} must be positive")
-        if span > _validate.MAX_TTL:
+        if span > _checks.MAX_TTL:
             raise typer.BadParameter(f"{option} must be at most 366 days")
         return span
 
@@ -319,7 +320,7 @@ def _edge(verbose: bool) -> Iterator[_Edge]:
 
 def _key(parameter: str, value: str) -> str:
     try:
-        return _validate.key(parameter, value)
+        return _checks.key(parameter, value)
     except InvalidArgument as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
 
@@ -570,7 +571,7 @@ def _seconds(wait: timedelta) -> float:
 def _options(
     name: str, ttl: timedelta, holder: str, wait: timedelta, min_hold: timedelta | None = None
 ) -> Any:
-    from pylease._lease_core import options
+    from pylease._held import options
 
     opts = options(
         name,
@@ -834,8 +835,8 @@ def claim(
 
     Example: read -r holder fence < <(pylease claim sweep --ttl 5m)
     """
+    from pylease._links import link
     from pylease.leasing import acquire
-    from pylease.targets import link
 
     with _edge(verbose) as edge:
         _key("name", name)
@@ -1060,7 +1061,7 @@ def _status_lines(
 
 def _watch(store: Store, name: str | None, wide: bool) -> None:
     """Redraw until Ctrl-C: woken by a release's NOTIFY on PostgreSQL, polling on SQLite."""
-    from pylease.targets import Listener
+    from pylease._links import Listener
 
     listener = None if store.sqlite else Listener.open(store.url, name or "")
     stop = threading.Event()

@@ -14,7 +14,7 @@ import string
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
-from pylease import _validate
+from pylease import _checks
 from pylease._types import AsyncTarget, Duration, Target
 from pylease.errors import InvalidArgument
 from pylease.leasing import lease, run_exclusive
@@ -112,7 +112,7 @@ def exclusive(
     """
     if busy not in ("return", "raise"):
         raise InvalidArgument('pylease: busy must be "return" or "raise"', parameter="busy")
-    _validate.ttl(ttl)
+    _checks.ttl(ttl)
     unknown = set(lease_options) - ASYNC_OPTIONS
     if unknown:
         raise TypeError(f"exclusive() got unexpected lease options: {', '.join(sorted(unknown))}")
@@ -173,7 +173,7 @@ def _async_wrapper(
 def _template_fields(template: object) -> list[str]:
     """The root names of a template's fields (``tenant`` for ``{tenant.id}``)."""
     if not isinstance(template, str):
-        _validate.key("name", template)  # raises for a non-str
+        _checks.key("name", template)  # raises for a non-str
     assert isinstance(template, str)
     try:
         parsed = list(string.Formatter().parse(template))
@@ -201,7 +201,7 @@ def _namer(
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], str]:
     """How a call's arguments become its lease name."""
     if not fields:
-        constant = _validate.key("name", template.replace("{{", "{").replace("}}", "}"))
+        constant = _checks.key("name", template.replace("{{", "{").replace("}}", "}"))
         return lambda _args, _kwargs: constant
     signature = inspect.signature(fn)
     params = signature.parameters
@@ -223,7 +223,7 @@ def _namer(
                 values.update(value)
             else:
                 values[param_name] = value
-        return _validate.key("name", _format(template, values))
+        return _checks.key("name", _format(template, values))
 
     return lease_name
 

@@ -30,15 +30,15 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from pylease import _validate
+from pylease import _checks
 from pylease._acompat import AEvent, monotonic
-from pylease._backend import LeaseRow
-from pylease._lease_core import Held, callable_option, default_holder, next_pause
+from pylease._held import Held, callable_option, default_holder, next_pause
+from pylease._links_async import AsyncLink, AsyncListener, ListenerLost, link
+from pylease._links_async import check as check_target
+from pylease._operations import LeaseRow
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.leasing_async import AsyncLease, alease
-from pylease.targets_async import AsyncLink, AsyncListener, ListenerLost, link
-from pylease.targets_async import check as check_target
 
 # Seconds between reads of the row when nothing wakes a watcher first (a steal, or a
 # grant after a long vacancy, is seen this late at worst).
@@ -75,13 +75,13 @@ def wait_seconds(wait: object) -> float:
 
     A string is a duration as the CLI spells it (``"30s"``, ``"5m"``).
     """
-    return math.inf if wait is None else _validate.wait(wait)
+    return math.inf if wait is None else _checks.wait(wait)
 
 
 def poll_seconds(poll_interval: object) -> float | None:
     if poll_interval is None:
         return None
-    return _validate.ttl(poll_interval, "poll_interval").total_seconds()
+    return _checks.ttl(poll_interval, "poll_interval").total_seconds()
 
 
 async def call(callback: Callback | None, argument: object) -> None:
@@ -261,9 +261,9 @@ class Campaign:
         cancel_on_lost: bool,
     ) -> None:
         self.target = target
-        self.name = _validate.key("name", name)
-        self.ttl = _validate.ttl(ttl)
-        self.holder = None if holder is None else _validate.key("holder", holder)
+        self.name = _checks.key("name", name)
+        self.ttl = _checks.ttl(ttl)
+        self.holder = None if holder is None else _checks.key("holder", holder)
         self.wait = wait_seconds(wait)
         self.poll_interval = poll_seconds(poll_interval)
         callable_option("on_lost", on_lost)
@@ -626,7 +626,7 @@ async def acurrent_leader(target: AsyncTarget, name: str) -> LeaseRow | None:
 
     One read of ``lease_status``; None unless the lease's state is ``held``.
     """
-    name = _validate.key("name", name)
+    name = _checks.key("name", name)
     check_target(target)
     link_ = link(target)
     try:
@@ -645,7 +645,7 @@ async def awatch_leader(
     leader's expiry and every ``poll_interval`` (default 1 s; SQLite 50 ms). Changes
     between two reads are coalesced: a watcher sees the latest, in order.
     """
-    name = _validate.key("name", name)
+    name = _checks.key("name", name)
     poll = poll_seconds(poll_interval)
     check_target(target)
     watch = AsyncWatch(target, name, poll)

@@ -3,7 +3,7 @@
 """The Python API: :func:`lease`, :func:`run_exclusive` and :func:`keep_fresh`.
 
 Every operation is one statement that commits on its own; the database decides
-every race. While the body runs, the keeper (:mod:`pylease.heartbeat`) renews
+every race. While the body runs, the keeper (:mod:`pylease._keeper`) renews
 the lease on a connection of its own.
 
 Where the two twins differ, on purpose (the
@@ -27,7 +27,7 @@ from pylease import _claims
 from pylease import _waiting as waiting
 from pylease._acompat import monotonic, sleep
 from pylease._backend import Backend
-from pylease._lease_core import (
+from pylease._held import (
     JITTER,
     POLL_LISTENING,
     POLL_NOT_LISTENING,
@@ -42,18 +42,18 @@ from pylease._lease_core import (
     next_pause,
     options,
 )
-from pylease._lease_core import Held as Held
-from pylease._lease_core import Outcome as Outcome
-from pylease._lease_core import default_holder as default_holder
+from pylease._held import Held as Held
+from pylease._held import Outcome as Outcome
+from pylease._held import default_holder as default_holder
+from pylease._keeper import keeper, settle
+from pylease._links import Link, link
+from pylease._links import check as check_target
 from pylease._log import claimed as log_claimed
 from pylease._log import released as log_released
 from pylease._ticket import Ticket, abandon, inherited
 from pylease._types import Duration, Target, Wait
 from pylease._waiting import Waiter
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat import keeper, settle
-from pylease.targets import Link, link
-from pylease.targets import check as check_target
 
 T = TypeVar("T")
 

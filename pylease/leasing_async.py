@@ -2,7 +2,7 @@
 """The Python API: :func:`alease`, :func:`arun_exclusive` and :func:`akeep_fresh`.
 
 Every operation is one statement that commits on its own; the database decides
-every race. While the body runs, the keeper (:mod:`pylease.heartbeat_async`) renews
+every race. While the body runs, the keeper (:mod:`pylease._keeper_async`) renews
 the lease on a connection of its own.
 
 Where the two twins differ, on purpose (the
@@ -28,7 +28,7 @@ from pylease import _claims
 from pylease import _waiting_async as waiting
 from pylease._acompat import asleep, monotonic
 from pylease._backend_async import AsyncBackend
-from pylease._lease_core import (
+from pylease._held import (
     JITTER,
     POLL_LISTENING,
     POLL_NOT_LISTENING,
@@ -44,9 +44,12 @@ from pylease._lease_core import (
     next_pause,
     options,
 )
-from pylease._lease_core import Held as Held
-from pylease._lease_core import Outcome as Outcome
-from pylease._lease_core import default_holder as default_holder
+from pylease._held import Held as Held
+from pylease._held import Outcome as Outcome
+from pylease._held import default_holder as default_holder
+from pylease._keeper_async import keeper, settle
+from pylease._links_async import AsyncLink, link
+from pylease._links_async import check as check_target
 from pylease._log import claimed as log_claimed
 from pylease._log import released as log_released
 from pylease._log import text as error_text
@@ -54,9 +57,6 @@ from pylease._ticket import AsyncTicket, abandon, inherited
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease._waiting_async import AsyncWaiter
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
-from pylease.heartbeat_async import keeper, settle
-from pylease.targets_async import AsyncLink, link
-from pylease.targets_async import check as check_target
 
 T = TypeVar("T")
 

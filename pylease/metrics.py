@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pylease._backend import LeaseRow
+from pylease._operations import LeaseRow
 
 # (status rows, counter rows, the database's clock); raises when the database cannot answer.
 Reader = Callable[[], tuple[list[LeaseRow], list[Any], datetime]]

@@ -17,7 +17,6 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from pylease import _adopt_schema
 from pylease import dsn as dsn_mod
 from pylease._resources import data_dir
 from pylease.errors import (
@@ -26,6 +25,7 @@ from pylease.errors import (
     InvalidArgument,
     MigrationError,
 )
+from pylease.postgres import _adopt_schema
 
 LOCK_TABLE = "_pylease_yoyo_lock"
 ADVISORY_KEY = "SELECT pg_try_advisory_lock(hashtextextended('pylease migrate ' || %s, 0))"

@@ -22,7 +22,7 @@ from typing import Any
 import typer
 
 from pylease import durations
-from pylease._backend import LeaseRow
+from pylease._operations import LeaseRow
 
 PREFIX = "pylease: "
 ELLIPSIS = "…"

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from pylease import _keeper
 from pylease import dsn as dsn_mod
-from pylease import heartbeat
 from pylease.migrate import migrate
 from tests import pgserver
 
@@ -147,8 +147,8 @@ async def aconn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
 
 
 @pytest.fixture
-def own_keeper(monkeypatch: pytest.MonkeyPatch) -> heartbeat.Keeper:
+def own_keeper(monkeypatch: pytest.MonkeyPatch) -> _keeper.Keeper:
     """A keeper of this test's own, so leases other tests left behind cannot show in it."""
-    fresh = heartbeat.Keeper()
-    monkeypatch.setattr(heartbeat, "_keeper", fresh)
+    fresh = _keeper.Keeper()
+    monkeypatch.setattr(_keeper, "_keeper", fresh)
     return fresh

@@ -25,7 +25,7 @@ from typer.testing import CliRunner, Result
 
 from pylease import metrics as metrics_mod
 from pylease import render
-from pylease._backend import LeaseRow
+from pylease._operations import LeaseRow
 from pylease.cli import app
 from pylease.errors import DatabaseUnavailable
 

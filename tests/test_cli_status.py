@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from pylease import render
-from pylease._backend import LeaseRow
+from pylease._operations import LeaseRow
 from pylease.cli import app
 
 runner = CliRunner()

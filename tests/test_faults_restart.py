@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from pylease import LeaseLost, alease, lease
-from pylease.heartbeat import margin
+from pylease._keeper import margin
 from pylease.migrate import migrate
 from tests.faultkit import Server, server, wait_until
 from tests.helpers_lease import backends, status

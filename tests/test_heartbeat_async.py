@@ -17,7 +17,7 @@ import pytest
 
 from pylease import LeaseLost, alease
 from pylease._acompat import asleep
-from pylease.heartbeat_async import keeper
+from pylease._keeper_async import keeper
 from tests.helpers_lease import (
     DETECT,
     aclaim,

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from pylease import LeaseLost, lease
-from pylease.heartbeat import Keeper, keeper
+from pylease._keeper import Keeper, keeper
 from tests.helpers_lease import DETECT, wait_until
 
 Conn = psycopg.Connection[Any]

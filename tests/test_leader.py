@@ -22,16 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pylease import (
-    Held,
-    LeaseBusy,
-    LeaseLost,
-    current_leader,
-    leader,
-    run_as_leader,
-    watch_leader,
-)
-from pylease._backend import LeaseRow
+from pylease import Held, LeaseBusy, LeaseLost, current_leader, leader, run_as_leader, watch_leader
+from pylease._operations import LeaseRow
 from tests.leader_witness import Election, campaign_rounds, check_witness
 
 LIVE = 30.0  # seconds: a liveness bound, never a speed

@@ -21,7 +21,7 @@ from pylease import (
     arun_as_leader,
     awatch_leader,
 )
-from pylease._backend import LeaseRow
+from pylease._operations import LeaseRow
 from tests.leader_witness import Election, campaign_rounds, check_witness
 from tests.test_leader import LIVE, listeners, psql, pylease_cli
 

@@ -34,7 +34,7 @@ from pylease import (
     run_exclusive,
 )
 from pylease._acompat import sleep
-from pylease.heartbeat import keeper
+from pylease._keeper import keeper
 from tests.helpers_lease import (
     DEAD_URL,
     DETECT,
@@ -530,7 +530,7 @@ def test_heartbeat_target_names_where_renewals_run(dsn: str, conn: Conn, conn2: 
 
 
 def test_the_heartbeat_connection_carries_the_password(dsn: str) -> None:
-    from pylease.targets import connection_conninfo
+    from pylease._links import connection_conninfo
 
     with psycopg.Connection.connect(dsn, password="s3cret", autocommit=True) as mine:
         assert "s3cret" not in mine.info.dsn

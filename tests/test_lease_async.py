@@ -36,7 +36,7 @@ from pylease import (
     lease,
 )
 from pylease._acompat import asleep
-from pylease.heartbeat_async import keeper
+from pylease._keeper_async import keeper
 from tests.helpers_lease import (
     DEAD_URL,
     DETECT,
@@ -739,7 +739,7 @@ else:
 
 
 async def test_the_heartbeat_connection_carries_the_password(dsn: str) -> None:
-    from pylease.targets import connection_conninfo
+    from pylease._links import connection_conninfo
 
     async with await psycopg.AsyncConnection.connect(
         dsn, password="s3cret", autocommit=True

@@ -27,14 +27,7 @@ from hypothesis import strategies as st
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from pylease import (
-    DatabaseUnavailable,
-    LeaseLost,
-    PyleaseError,
-    keep_fresh,
-    lease,
-    run_exclusive,
-)
+from pylease import DatabaseUnavailable, LeaseLost, PyleaseError, keep_fresh, lease, run_exclusive
 from pylease import dsn as dsn_mod
 from pylease.leasing import default_holder
 from pylease.postgres import PostgresBackend

@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pylease._backend import AsyncBackend
-from pylease._postgres_async import AsyncPostgresBackend
+from pylease._backend_async import AsyncBackend
 from pylease.errors import FenceExhausted, InvalidArgument
+from pylease.postgres._backend_async import AsyncPostgresBackend
 from pylease.sqlite import AsyncSqliteBackend, connect
 
 HOUR = timedelta(hours=1)

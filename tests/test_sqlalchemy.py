@@ -15,14 +15,7 @@ import sqlalchemy as sa
 import sqlalchemy.ext.asyncio as sa_async
 from sqlalchemy import text
 
-from pylease import (
-    InvalidArgument,
-    alease,
-    exclusive,
-    lease,
-    run_exclusive,
-    schema_sql,
-)
+from pylease import InvalidArgument, alease, exclusive, lease, run_exclusive, schema_sql
 from pylease import dsn as dsn_mod
 from pylease.migrate import migrate
 from pylease.schema import migration_ids

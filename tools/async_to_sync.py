@@ -11,7 +11,7 @@ What changes, in code:
 
 - ``async def``/``async with``/``async for`` lose ``async``, ``await x`` becomes ``x``;
 - names in :data:`NAMES` are renamed (``AsyncLink`` -> ``Link``, ``alease`` -> ``lease``,
-  ``ALock`` -> ``Lock``, ``pylease.targets_async`` -> ``pylease.targets``, ...);
+  ``ALock`` -> ``Lock``, ``pylease._links_async`` -> ``pylease._links``, ...);
 - ``if True:  # ASYNC`` blocks keep only their ``else:`` body (none without one): the
   deliberate differences, marked where they are;
 - an ``except ...:  # ASYNC`` clause is dropped with its body;
@@ -45,12 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # (source, generated): phase 1 the library, phase 2 the tests whose sync twin is the
 # async test without its awaits.
 PAIRS = [
-    ("pylease/_operations_async.py", "pylease/_operations.py"),
     ("pylease/_backend_async.py", "pylease/_backend.py"),
-    ("pylease/_postgres_async.py", "pylease/postgres.py"),
-    ("pylease/targets_async.py", "pylease/targets.py"),
+    ("pylease/postgres/_backend_async.py", "pylease/postgres/_backend.py"),
+    ("pylease/_links_async.py", "pylease/_links.py"),
     ("pylease/_waiting_async.py", "pylease/_waiting.py"),
-    ("pylease/heartbeat_async.py", "pylease/heartbeat.py"),
+    ("pylease/_keeper_async.py", "pylease/_keeper.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("tests/test_heartbeat_async.py", "tests/test_heartbeat.py"),
@@ -60,10 +59,8 @@ PAIRS = [
 NAMES = {
     # modules
     "_backend_async": "_backend",
-    "_operations_async": "_operations",
-    "_postgres_async": "postgres",
-    "targets_async": "targets",
-    "heartbeat_async": "heartbeat",
+    "_links_async": "_links",
+    "_keeper_async": "_keeper",
     "leasing_async": "leasing",
     "_waiting_async": "_waiting",
     # the public API
@@ -84,7 +81,6 @@ NAMES = {
     "AsyncObserver": "Observer",
     # the lease layer's classes
     "AsyncBackend": "Backend",
-    "AsyncOperations": "Operations",
     "AsyncPostgresBackend": "PostgresBackend",
     "AsyncSqliteBackend": "SqliteBackend",
     "AsyncSource": "Source",

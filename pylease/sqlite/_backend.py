@@ -14,10 +14,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pylease import _operations
-from pylease._backend import AsyncBackend, Backend, Renewal
-from pylease._operation import COUNT, FLAG, GRANT, READ, VALUE, Operation
-from pylease._operations import Operations
-from pylease._operations_async import AsyncOperations
+from pylease._backend import Backend
+from pylease._backend_async import AsyncBackend
+from pylease._operations import COUNT, FLAG, GRANT, READ, VALUE, Operation, Renewal
 from pylease._resources import data_dir
 from pylease.errors import DatabaseUnavailable, InvalidArgument
 from pylease.sqlite._connection import DEFAULT_BUSY_TIMEOUT
@@ -44,7 +43,7 @@ def _when(unix_seconds: float) -> datetime:
     return datetime.fromtimestamp(unix_seconds, UTC)
 
 
-class SqliteBackend(Operations):
+class SqliteBackend(Backend):
     """Lease operations on one SQLite connection, with the semantics of the SQL API.
 
     Outside a transaction each write runs alone in ``BEGIN IMMEDIATE ... COMMIT``;
@@ -273,7 +272,7 @@ _SPECIAL: dict[str, Callable[[SqliteBackend, Operation, tuple[Any, ...]], Any]] 
 }
 
 
-class AsyncSqliteBackend(AsyncOperations):
+class AsyncSqliteBackend(AsyncBackend):
     """The same operations, awaitable: each runs in a worker thread (``asyncio.to_thread``)."""
 
     def __init__(self, conn: sqlite3.Connection | SqliteBackend) -> None:

@@ -1,7 +1,7 @@
 """Which objects are targets of which API, the error for one that is not, and
 whether the caller's connection can run a statement of pylease's now.
 
-Shared by :mod:`pylease.targets` and :mod:`pylease.targets_async`: a target handed to
+Shared by :mod:`pylease._links` and :mod:`pylease._links_async`: a target handed to
 the wrong API is told which one to use.
 """
 

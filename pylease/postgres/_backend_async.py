@@ -1,7 +1,7 @@
-# The source of pylease/postgres.py: tools/async_to_sync.py writes it from this file.
+# The source of pylease/postgres/_backend.py: tools/async_to_sync.py writes it from this file.
 """The PostgreSQL backend: each operation is one call of a ``lease_*`` SQL function.
 
-The operations and their statements are declared in :mod:`pylease._operations_async`;
+The operations and their statements are declared in :mod:`pylease._operations`;
 this backend runs any of them. Every statement runs on the connection it is given as
 a statement of its own, with tuple rows whatever the connection's row factory; the
 caller decides which connection that is (see ``pylease.alease``). Driver errors are
@@ -16,16 +16,16 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from pylease._operation import COUNT, FLAG, GRANT, VALUE, Operation
-from pylease._operations_async import AsyncOperations
-from pylease._pg_errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
-from pylease._pg_errors import wrap_errors as wrap_errors
-from pylease._syncrep import confirmed
+from pylease._backend_async import AsyncBackend
+from pylease._operations import COUNT, FLAG, GRANT, VALUE, Operation
+from pylease.postgres._errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
+from pylease.postgres._errors import wrap_errors as wrap_errors
+from pylease.postgres._syncrep import confirmed
 
-# sync: from pylease._postgres_async import AsyncPostgresBackend as AsyncPostgresBackend
+# sync: from pylease.postgres._backend_async import AsyncPostgresBackend as AsyncPostgresBackend
 
 
-class AsyncPostgresBackend(AsyncOperations):
+class AsyncPostgresBackend(AsyncBackend):
     """Lease operations on one psycopg connection."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -16,8 +16,8 @@ import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from pylease import _log, _validate
-from pylease._rows import LeaseEvent, LeaseRow
+from pylease import _checks, _log
+from pylease._operations import LeaseEvent, LeaseRow
 from pylease._ticket import Ticket
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
 
@@ -127,15 +127,15 @@ def options(
     poll_interval: object,
 ) -> Options:
     """Check every argument before any SQL runs (ValueError subclasses)."""
-    name = _validate.key("name", name)
-    ttl_ = _validate.ttl(ttl)
+    name = _checks.key("name", name)
+    ttl_ = _checks.ttl(ttl)
     if holder is not None:
-        holder = _validate.key("holder", holder)
-    wait_ = _validate.wait(wait)
-    min_hold_ = None if min_hold is None else _validate.span("min_hold", min_hold)
+        holder = _checks.key("holder", holder)
+    wait_ = _checks.wait(wait)
+    min_hold_ = None if min_hold is None else _checks.span("min_hold", min_hold)
     poll = None
     if poll_interval is not None:
-        poll = _validate.ttl(poll_interval, "poll_interval").total_seconds()
+        poll = _checks.ttl(poll_interval, "poll_interval").total_seconds()
     callable_option("on_lost", on_lost)
     bool_option("heartbeat", heartbeat)
     return Options(name, ttl_, holder, wait_, bool(heartbeat), min_hold_, poll)
@@ -145,9 +145,9 @@ def keep_fresh_options(
     name: object, holder: object, ttl: object, on_lost: object
 ) -> tuple[str, str, timedelta | None]:
     """The checked arguments of ``keep_fresh``: name, holder, ttl (None: the one in force)."""
-    name_ = _validate.key("name", name)
-    holder_ = _validate.key("holder", holder)
-    ttl_ = None if ttl is None else _validate.ttl(ttl)
+    name_ = _checks.key("name", name)
+    holder_ = _checks.key("holder", holder)
+    ttl_ = None if ttl is None else _checks.ttl(ttl)
     callable_option("on_lost", on_lost)
     return name_, holder_, ttl_
 

@@ -1,15 +1,17 @@
-"""Argument checks shared by every backend, with the same messages as the SQL checks.
+"""Argument checks, run before any SQL on every backend, with the same messages as the SQL checks.
 
 Durations are a ``timedelta``, seconds, or the command line's spelling (``"5m"``,
 ``"1h30m"``, ``"250ms"``: :func:`pylease.durations.parse`); a wait may also be
-without a deadline (:data:`FOREVER`).
+without a deadline (:data:`FOREVER`). The checks of the operations that take more
+than keys and spans (``renew_each``'s ttls, ``history``'s since and max_rows) return
+the argument as the SQL takes it (spans as ``timedelta``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pylease import durations
@@ -175,3 +177,57 @@ def _all_keys(parameter: str, values: list[Any]) -> None:
                 f"{MAX_KEY_LENGTH} characters",
                 parameter=parameter,
             ) from None
+
+
+MAX_HISTORY_ROWS = 10_000
+
+
+def ttl_list(ttls: object, count: int) -> list[timedelta | None]:
+    """The ttls of ``renew_each``: one per name, each a ttl or None (the lease's last one)."""
+    if ttls is None:
+        raise InvalidArgument("pylease: ttls must not be NULL", parameter="ttls")
+    if isinstance(ttls, str | bytes) or not isinstance(ttls, Sequence):
+        raise InvalidArgument(
+            f"pylease: ttls must be a sequence, not {type(ttls).__name__}", parameter="ttls"
+        )
+    if len(ttls) != count:
+        raise InvalidArgument("pylease: ttls must have as many elements as names", parameter="ttls")
+    result: list[timedelta | None] = []
+    for value in ttls:
+        if value is None:
+            result.append(None)
+            continue
+        try:
+            result.append(ttl(value, "ttls"))
+        except InvalidArgument:
+            raise InvalidArgument(
+                "pylease: ttls must hold only NULLs or finite, positive ttls of at most 366 days",
+                parameter="ttls",
+            ) from None
+    return result
+
+
+def max_rows(value: object) -> int:
+    """``history``'s ``max_rows``: an int from 1 to 10,000."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(
+            f"pylease: max_rows must be an int, not {type(value).__name__}", parameter="max_rows"
+        )
+    if not 1 <= value <= MAX_HISTORY_ROWS:
+        raise InvalidArgument(
+            f"pylease: max_rows must be between 1 and {MAX_HISTORY_ROWS}", parameter="max_rows"
+        )
+    return value
+
+
+def since(value: object) -> datetime | timedelta | None:
+    """``history``'s ``since``: None, an aware datetime, or a span back from now."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidArgument(
+                "pylease: since must be an aware datetime (with a timezone)", parameter="since"
+            )
+        return value
+    return span("since", value)
