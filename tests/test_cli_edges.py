@@ -344,12 +344,12 @@ def test_a_conninfo_with_schema_keeps_other_options(dsn: str) -> None:
 def test_stderr_log_recognises_records_by_attribute_not_text(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from pylease import render
+    from pylease.cli import _render
 
     log = logging.getLogger("pylease.test-cli-edges")
     log.propagate = False
     log.setLevel(logging.DEBUG)  # as main() sets it for the library
-    handler = render.StderrLog(lambda: False)
+    handler = _render.StderrLog(lambda: False)
     log.addHandler(handler)
     try:
         # The keeper's lost record: left to `pylease run`, which says what it does about it.

@@ -23,10 +23,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from typer.testing import CliRunner, Result
 
-from pylease import metrics as metrics_mod
-from pylease import render
 from pylease._operations import LeaseRow
-from pylease.cli import app
+from pylease.cli import _metrics as metrics_mod
+from pylease.cli import _render, app
 from pylease.errors import DatabaseUnavailable
 
 runner = CliRunner()
@@ -265,12 +264,12 @@ def test_history_lines_fit_and_read() -> None:
         Event(now - timedelta(hours=2), "job", "taken_over", "y" * 200, 2, "dies"),
         Event(now, "job", "released", "ops", 3, None),
     ]
-    lines = render.history_lines(events, now, 80)
+    lines = _render.history_lines(events, now, 80)
     assert max(len(line) for line in lines) <= 80, lines
     assert lines[1].split()[:2] == ["3m", "ago"] and "stolen" in lines[1]
     assert lines[2].split()[:2] == ["2h", "ago"] and "taken_over" in lines[2]
     assert lines[3].split()[0] == "now" and lines[3].rstrip().endswith("-")
-    assert "y" * 200 in render.history_lines(events, now, None)[2]
+    assert "y" * 200 in _render.history_lines(events, now, None)[2]
 
 
 # An EXECUTE-only role ------------------------------------------------------------------------

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from pylease import render
 from pylease._operations import LeaseRow
-from pylease.cli import app
+from pylease.cli import _render, app
 
 runner = CliRunner()
 
@@ -69,7 +68,7 @@ def test_status_fits_80_columns_names_whole_holders_shortened(url: str) -> None:
     for i, holder in enumerate(holders):
         row = next(line for line in lines if f"host-{i}:" in line)
         cell = row.split("  held  ", 1)[1].split()[0]
-        assert render.ELLIPSIS in cell and cell.endswith(f"-tail-{i}")
+        assert _render.ELLIPSIS in cell and cell.endswith(f"-tail-{i}")
         assert holder not in shown
     assert any(line.split()[:3] == ["short", "held", "me"] for line in lines)
 
@@ -90,17 +89,17 @@ def test_table_at_every_width_keeps_names_and_fits() -> None:
         *(True, "held", timedelta(minutes=5)),
     )
     for width in (60, 80, 100, 200, 500):
-        lines = render.table([row], now, width)
+        lines = _render.table([row], now, width)
         assert max(len(line) for line in lines) <= max(width, 60), width
         assert "n" * 200 in "".join(line.split("  ")[0] for line in lines[1:])
-    assert "h" * 200 in render.table([row], now, None)[1]
+    assert "h" * 200 in _render.table([row], now, None)[1]
 
 
 def test_shorten_keeps_both_ends() -> None:
-    assert render.shorten("abcdefghij", 10) == "abcdefghij"
-    assert render.shorten("abcdefghijk", 7) == "abc…ijk"
-    assert render.shorten("abcdefghijk", 6) == "abc…jk"
-    assert len(render.shorten("x" * 200, 12)) == 12
+    assert _render.shorten("abcdefghij", 10) == "abcdefghij"
+    assert _render.shorten("abcdefghijk", 7) == "abc…ijk"
+    assert _render.shorten("abcdefghijk", 6) == "abc…jk"
+    assert len(_render.shorten("x" * 200, 12)) == 12
 
 
 # States -----------------------------------------------------------------------------

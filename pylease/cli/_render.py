@@ -366,3 +366,15 @@ def watch_frames(
             yield clear + "\n".join([*lines, f"(watching, {stamp}; Ctrl-C to stop)"])
             last = lines
         wake(1.0)
+
+
+class Busy:
+    """The spinner, and the row that last stood in the way (for the busy line)."""
+
+    def __init__(self, show: Callable[[LeaseRow | None], None]) -> None:
+        self.row: LeaseRow | None = None
+        self._show = show
+
+    def __call__(self, row: LeaseRow | None) -> None:
+        self.row = row
+        self._show(row)

@@ -4,21 +4,20 @@ A leader command is a ``pylease run`` that waits without a deadline: the same cl
 (woken by the release's NOTIFY, or at the holder's expiry), the same child
 supervision (environment, signal forwarding, renewals, the stop of CMD before the
 lease can go to anyone else, exit codes), and the release (resignation) when CMD
-exits. Registered on the ``pylease`` app by :mod:`pylease.cli`.
+exits.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from pylease import durations
-
-# Waiting without a deadline: ``run``'s own spelling of it where it has one, else the
-# longest wait every layer accepts (366 days).
-FOREVER: timedelta = getattr(durations, "FOREVER", timedelta(days=366))
+from pylease.cli._app import command
+from pylease.cli._options import DsnOption, SchemaOption, VerboseOption, duration
+from pylease.cli._run import run
 
 EPILOG = (
     "Exit codes: the command's own; 128+N when signal N killed it; 127 command not found; "
@@ -27,39 +26,7 @@ EPILOG = (
 )
 
 
-def _wait(value: Any) -> timedelta | None:
-    if value is None or isinstance(value, timedelta):
-        return value
-    text = str(value).strip().lower()
-    if text in ("forever", "inf", "infinity"):
-        return None
-    try:
-        return durations.parse(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
-def _ttl(value: Any) -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    try:
-        span = durations.parse(str(value))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    if span <= timedelta(0):
-        raise typer.BadParameter("--ttl must be positive")
-    return span
-
-
-def _span(value: Any) -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    try:
-        return durations.parse(str(value))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
+@command(name="leader", epilog=EPILOG)
 def leader(
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="The election's name.", show_default=False)
@@ -73,7 +40,7 @@ def leader(
         typer.Option(
             "--ttl",
             metavar="DUR",
-            parser=_ttl,
+            parser=duration("--ttl", positive=True),
             help="How long a leader that stopped renewing stays leader.",
         ),
     ],
@@ -87,21 +54,21 @@ def leader(
         ),
     ] = None,
     wait: Annotated[
-        timedelta | None,
+        timedelta,
         typer.Option(
             "--wait",
             metavar="DUR",
-            parser=_wait,
+            parser=duration("--wait", forever=True),
             help="Give up (exit 1) if not elected within DUR.",
             show_default="forever",
         ),
-    ] = None,
+    ] = durations.FOREVER,
     kill_after: Annotated[
         timedelta,
         typer.Option(
             "--kill-after",
             metavar="DUR",
-            parser=_span,
+            parser=duration("--kill-after"),
             help="After a lost term's SIGTERM, SIGKILL the command this much later.",
             show_default="10s",
         ),
@@ -109,29 +76,9 @@ def leader(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Say nothing while waiting to lead.")
     ] = False,
-    dsn: Annotated[
-        str | None,
-        typer.Option(
-            "--dsn",
-            metavar="URL",
-            help="postgresql://... or sqlite:///path; default: $PYLEASE_DSN, else "
-            "$DATABASE_URL, else the embedded SQLite file.",
-            show_default=False,
-        ),
-    ] = None,
-    schema: Annotated[
-        str | None,
-        typer.Option(
-            "--schema",
-            metavar="NAME",
-            help="The PostgreSQL schema pylease is installed in; default: $PYLEASE_SCHEMA, "
-            "else the search_path.",
-            show_default=False,
-        ),
-    ] = None,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show the details of an error.")
-    ] = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    verbose: VerboseOption = False,
 ) -> None:
     """Wait until this process leads NAME, run CMD while leading, resign when CMD exits.
 
@@ -142,22 +89,17 @@ def leader(
 
     Example: pylease leader scheduler --ttl 15s -- ./scheduler --serve
     """
-    from pylease.cli import run
-
-    options: dict[str, Any] = {}
-    if schema is not None:  # only where run takes --schema; it reads $PYLEASE_SCHEMA itself
-        options["schema"] = schema
     run(
         name,
         cmd,
         ttl,
-        wait=FOREVER if wait is None else wait,
+        wait=wait,
         holder=holder,
         busy_exit=1,
         min_hold=None,
         kill_after=kill_after,
         quiet=quiet,
         dsn=dsn,
+        schema=schema,
         verbose=verbose,
-        **options,
     )

@@ -1,0 +1,171 @@
+"""The ``pylease`` app: help and usage errors that read as the README promises, and ``main``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup
+
+from pylease import __version__
+from pylease import dsn as dsn_mod
+from pylease.cli import _render
+from pylease.cli._edge import is_verbose, set_verbose
+from pylease.cli._options import VerboseOption
+
+EXAMPLES = f"""\
+\b
+Examples:
+  pylease migrate --dsn postgresql://app@db/app     # at deploy
+  pylease run report --ttl 10m --busy-exit 0 -- ./report.sh   # in cron
+  pylease claim sweep --ttl 5m --wait 30s           # prints HOLDER<tab>FENCE
+  pylease renew sweep --holder "$holder" --ttl 5m
+  pylease release sweep --holder "$holder"
+  pylease status                                    # who holds what
+  pylease steal sweep --ttl 5m --holder ops --older-than 10m   # break a lock
+
+\b
+The database is --dsn, else $PYLEASE_DSN, else $DATABASE_URL, else this user's
+SQLite file in $XDG_STATE_HOME/pylease (~/.local/state/pylease), created on first
+use. PGHOST and the other libpq variables only fill in a postgresql:// URL:
+PYLEASE_DSN=postgresql:// uses them. One file for the host:
+PYLEASE_DSN={dsn_mod.HOST_WIDE}
+-v says which database a command used, and why.
+Durations: 250ms, 30s, 5m, 1h30m, or plain seconds; --wait also takes forever.
+Exit codes: 0 done; 1 busy, not held or lost; 2 usage; 3 database or
+configuration error. `pylease run CMD` exits with CMD's code.
+"""
+
+# Help and usage that read as the README promises ----------------------------------
+
+
+#: The commands in --help, in the order a newcomer needs them.
+ORDER = (
+    "run",
+    "migrate",
+    "claim",
+    "renew",
+    "release",
+    "steal",
+    "status",
+    "history",
+    "prune-history",
+    "metrics",
+    "leader",
+)
+
+
+# Click's UsageError, whether typer vendors click or depends on it.
+_UsageError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+
+
+def _usage_error_in_one_line(error: Any, ctx: Any) -> None:
+    """Click prints usage, a hint and the error on four lines; a script wants one."""
+    if type(error).__name__ == "NoArgsIsHelpError":
+        return
+    where = ctx.command_path if ctx is not None else "pylease"
+    message = error.format_message().rstrip(".")
+
+    def show(file: Any = None) -> None:
+        typer.echo(f"pylease: {message} (see '{where} --help')", err=True)
+
+    error.show = show
+
+
+def _no_type(ctx: Any) -> str | None:
+    return None
+
+
+def _pieces(shown: str) -> Callable[[Any], list[str]]:
+    return lambda ctx: [shown]
+
+
+class _Command(TyperCommand):
+    """Help without Python types (``NAME <str>``) and a usage line a user would write."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, TyperArgument):
+                shown = param.metavar or param.name or ""
+                param.display_type_rich = _no_type  # type: ignore[method-assign]
+                param.get_usage_pieces = _pieces(shown)  # type: ignore[method-assign,assignment]
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _UsageError as error:
+            _usage_error_in_one_line(error, getattr(error, "ctx", None))
+            raise
+
+
+class _Group(TyperGroup):
+    """Commands in the order a newcomer needs them; one-line usage errors."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        known = [c for c in ORDER if c in self.commands]
+        return known + [c for c in self.commands if c not in ORDER]
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _UsageError as error:
+            _usage_error_in_one_line(error, getattr(error, "ctx", None))
+            raise
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except _UsageError as error:
+            _usage_error_in_one_line(error, ctx)
+            raise
+
+
+app = typer.Typer(
+    name="pylease",
+    cls=_Group,
+    help="Leases (locks with an expiry) arbitrated by PostgreSQL, or a local SQLite file.",
+    epilog=EXAMPLES,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def command(**kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return app.command(cls=_Command, **kwargs)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"pylease {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Leases (locks with an expiry) arbitrated by PostgreSQL, or a local SQLite file."""
+    set_verbose(verbose)
+
+
+# The library's log as stderr lines; attached by main(), not at import.
+stderr_log = _render.StderrLog(is_verbose)
+
+
+def main() -> None:
+    """Entry point of the ``pylease`` script (also ``python -m pylease``)."""
+    # Here rather than in the app, so that an application embedding it keeps its logging.
+    library = logging.getLogger("pylease")
+    library.addHandler(stderr_log)
+    library.setLevel(logging.DEBUG)
+    app()

@@ -1,0 +1,131 @@
+"""The options the commands share, and their one parser of durations (``250ms``, ``forever``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+
+from pylease import _checks, durations
+
+# Options -------------------------------------------------------------------
+
+
+def duration(
+    option: str, *, positive: bool = False, forever: bool = False
+) -> Callable[[Any], timedelta]:
+    def parse(value: Any) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            span = durations.parse(str(value), forever=forever)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        if span == durations.FOREVER:
+            return span
+        if positive and span <= timedelta(0):
+            raise typer.BadParameter(f"{option} must be positive")
+        if span > _checks.MAX_TTL:
+            raise typer.BadParameter(f"{option} must be at most 366 days")
+        return span
+
+    return parse
+
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dsn",
+        metavar="URL",
+        help="postgresql://... or sqlite:///path; default: $PYLEASE_DSN, else $DATABASE_URL, "
+        "else the embedded SQLite file.",
+        show_default=False,
+    ),
+]
+SchemaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        metavar="NAME",
+        help="The PostgreSQL schema pylease is installed in; default: $PYLEASE_SCHEMA, "
+        "else the search_path.",
+        show_default=False,
+    ),
+]
+NameArg = Annotated[
+    str, typer.Argument(metavar="NAME", help="The lease's name.", show_default=False)
+]
+TtlOption = Annotated[
+    timedelta,
+    typer.Option(
+        "--ttl",
+        metavar="DUR",
+        parser=duration("--ttl", positive=True),
+        help="Lease time.",
+        show_default=False,
+    ),
+]
+HolderOption = Annotated[
+    str,
+    typer.Option(
+        "--holder",
+        metavar="H",
+        help="The holder, as `claim` printed it.",
+        show_default=False,
+    ),
+]
+WaitOption = Annotated[
+    timedelta,
+    typer.Option(
+        "--wait",
+        metavar="DUR",
+        parser=duration("--wait", forever=True),
+        help="Keep trying this long while the lease is busy (forever: no deadline).  [default: 0]",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+VerboseOption = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", "-v", help="Say which database is used and why; show an error's details."
+    ),
+]
+
+
+def seconds(wait: timedelta) -> float:
+    return math.inf if wait == durations.FOREVER else wait.total_seconds()
+
+
+def lease_options(
+    name: str, ttl: timedelta, holder: str, wait: timedelta, min_hold: timedelta | None = None
+) -> Any:
+    from pylease._held import options
+
+    opts = options(
+        name,
+        ttl,
+        holder=holder,
+        wait=0,
+        heartbeat=True,
+        on_lost=None,
+        min_hold=min_hold,
+        poll_interval=None,
+    )
+    # _validate caps a wait at 366 days; ``--wait forever`` has no deadline at all.
+    return opts._replace(wait=seconds(wait))
+
+
+def width(wide: bool) -> int | None:
+    """The terminal's width (``COLUMNS`` first); None (no limit) for --wide or a pipe."""
+    if wide:
+        return None
+    if os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None

@@ -1,0 +1,297 @@
+"""The commands that show leases: ``status``, ``history``, ``metrics``, and ``prune-history``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+
+from pylease._operations import LeaseRow
+from pylease.cli import _render
+from pylease.cli._app import command
+from pylease.cli._database import Store, connect, find_store, server_now
+from pylease.cli._edge import EXIT_CONFIG, EXIT_USAGE, at_edge, fail, first_line, key, say
+from pylease.cli._options import DsnOption, SchemaOption, VerboseOption, duration, width
+
+
+@command()
+def status(
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="[NAME]", help="One lease; default: all.", show_default=False),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list of objects with ISO-8601 times.")
+    ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Show holders whole, whatever the terminal's width.")
+    ] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Redraw as leases change, until Ctrl-C.")
+    ] = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Show every lease (or one): state, holder, fence, how long, and when it expires.
+
+    STATE is held, resting (released with a min-hold that has not run out), released or
+    expired (its holder died or stalled). AGE: held for, or free since. Fits the
+    terminal: holders are shortened in the middle, names never (--wide: whole).
+
+    Example: pylease status --json | jq '.[] | select(.state == "held")'
+    """
+    with at_edge(verbose) as edge:
+        if name is not None:
+            key("name", name)
+        edge.store = store = find_store(dsn, schema)
+        if watch:
+            if as_json:
+                raise fail("--watch draws a table; leave out --json", EXIT_USAGE)
+            _watch(store, name, wide)
+            return
+        with connect(store, "pylease status") as (backend, conn):
+            rows = backend.status(name)
+            now = server_now(store, conn)
+        if as_json:
+            typer.echo(json.dumps([_render.row_json(r) for r in rows]))
+            return
+        typer.echo("\n".join(_status_lines(store, name, rows, now, wide)))
+
+
+def _status_lines(
+    store: Store, name: str | None, rows: list[LeaseRow], now: datetime, wide: bool
+) -> list[str]:
+    head = []
+    if store.default_file is not None:
+        head.append(f"leases in {store.default_file} (this user's default SQLite file)")
+    if not rows:
+        what = f"no lease named {name!r}" if name else f"no leases yet in {store.shown}"
+        return [*head, what]
+    return [*head, *_render.table(rows, now, width(wide))]
+
+
+def _watch(store: Store, name: str | None, wide: bool) -> None:
+    """Redraw until Ctrl-C: woken by a release's NOTIFY on PostgreSQL, polling on SQLite."""
+    from pylease._links import Listener
+
+    listener = None if store.sqlite else Listener.open(store.url, name or "")
+    stop = threading.Event()
+
+    def wake(timeout: float) -> None:
+        conn = listener.conn if listener is not None else None
+        if conn is None:
+            stop.wait(timeout)
+            return
+        for _ in conn.notifies(timeout=timeout, stop_after=1):
+            pass
+
+    try:
+        with connect(store, "pylease status --watch") as (backend, conn):
+
+            def draw() -> list[str]:
+                return _status_lines(
+                    store, name, backend.status(name), server_now(store, conn), wide
+                )
+
+            for frame in _render.watch_frames(draw, wake, sys.stdout.isatty()):
+                typer.echo(frame)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+@command()
+def history(
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="[NAME]", help="One lease; default: all.", show_default=False),
+    ] = None,
+    since: Annotated[
+        timedelta | None,
+        typer.Option(
+            "--since",
+            metavar="DUR",
+            parser=duration("--since"),
+            help="Only events at most this old.",
+            show_default=False,
+        ),
+    ] = None,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            metavar="N",
+            min=1,
+            max=10000,
+            help="At most N events (1 to 10000).  [default: 100]",
+            show_default=False,
+        ),
+    ] = 100,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list of objects with ISO-8601 times.")
+    ] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Show holders whole.")] = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Show what happened to leases, newest first: takeovers and steals (and, with
+    pylease.history = 'all', claims and releases).
+
+    Example: pylease history sweep --since 1d
+    """
+    with at_edge(verbose) as edge:
+        if name is not None:
+            key("name", name)
+        edge.store = store = find_store(dsn, schema)
+        with connect(store, "pylease history") as (backend, conn):
+            now = server_now(store, conn)
+            # A span back from the database's own now: one clock.
+            events = backend.history(name, since, limit)
+        if as_json:
+            typer.echo(
+                json.dumps(
+                    [
+                        {
+                            "at": _render.iso(e.at),
+                            "name": e.name,
+                            "event": e.event,
+                            "holder": e.holder,
+                            "fence": e.fence,
+                            "previous_holder": e.previous_holder,
+                        }
+                        for e in events
+                    ]
+                )
+            )
+            return
+        if not events:
+            typer.echo("no events" + (f" for lease {name!r}" if name else ""))
+            return
+        typer.echo("\n".join(_render.history_lines(events, now, width(wide))))
+
+
+@command(name="prune-history")
+def prune_history(
+    older_than: Annotated[
+        timedelta,
+        typer.Option(
+            "--older-than",
+            metavar="DUR",
+            parser=duration("--older-than"),
+            help="Delete the events older than this.",
+            show_default=False,
+        ),
+    ],
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Delete old history events and print how many; the counters are never pruned.
+
+    Example: pylease prune-history --older-than 90d
+    """
+    with at_edge(verbose) as edge:
+        edge.store = store = find_store(dsn, schema)
+        with connect(store, "pylease prune-history") as (backend, _conn):
+            removed = backend.prune_history(older_than)
+        typer.echo(f"removed {removed} event{'' if removed == 1 else 's'}")
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@command()
+def metrics(
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="Serve /metrics here (e.g. 127.0.0.1:9464) until interrupted.",
+            show_default=False,
+        ),
+    ] = None,
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Print the metrics once (node_exporter's textfile collector)."),
+    ] = False,
+    names: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--names",
+            metavar="PATTERN",
+            help="Only leases whose name matches (shell-style, e.g. 'sweep-*'); repeatable.",
+            show_default=False,
+        ),
+    ] = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Leases as Prometheus metrics: held, seconds to expiry, fence, held for, and the
+    grants, takeovers, steals and releases counters, each labelled with the lease name.
+
+    Example: pylease metrics --listen 127.0.0.1:9464
+    """
+    with at_edge(verbose) as edge:
+        if (listen is None) == (not once):
+            raise fail("give one of --listen HOST:PORT and --once", EXIT_USAGE)
+        address = _listen_address(listen) if listen is not None else None
+        edge.store = store = find_store(dsn, schema)
+        try:
+            from pylease.cli import _metrics
+        except ImportError:
+            raise fail(
+                "pylease metrics needs prometheus-client: pip install 'pylease[metrics]'",
+                EXIT_CONFIG,
+            ) from None
+
+        def read() -> tuple[list[LeaseRow], list[Any], datetime]:
+            with connect(store, "pylease metrics") as (backend, conn):
+                rows = backend.status(None)
+                counters = backend.counters(None)
+                return rows, counters, server_now(store, conn)
+
+        if once:
+            read()  # an error here is this command's own: loud, exit 3
+            typer.echo(_metrics.text(_metrics.LeaseCollector(read, names or ())), nl=False)
+            return
+        assert address is not None
+        told: list[str] = []
+
+        def on_error(exc: Exception) -> None:
+            line = _render.strip_prefix(first_line(exc))
+            if not told or told[-1] != line:
+                say(f"reading the leases failed (pylease_up 0): {line}")
+            told[:] = [line]
+
+        collector = _metrics.LeaseCollector(read, names or (), on_error)
+
+        def ready(host: str, port: int) -> None:
+            shown = f"[{host}]" if ":" in host else host
+            say(f"serving metrics on http://{shown}:{port}/metrics ({store.shown})")
+
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            _metrics.serve(collector, address[0], address[1], ready)
+        except KeyboardInterrupt:
+            return
+        except OSError as exc:
+            raise fail(f"cannot listen on {listen}: {exc.strerror or exc}", EXIT_CONFIG) from None
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt  # a service manager's stop: end as Ctrl-C does, exit 0
