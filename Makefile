@@ -44,7 +44,7 @@ deps:
 	@scripts/test-deps.sh
 
 # The documentation site, built as strictly as CI would (a broken link fails); its
-# examples are run by tests/test_docs.py. mkdocs -q would also hide the warning count.
+# examples are run by tests/docs/test_docs.py. mkdocs -q would also hide the warning count.
 docs: venv
 	@out=$$(NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site 2>&1) \
 	|| { echo "$$out" >&2; exit 1; }

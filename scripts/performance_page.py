@@ -2,7 +2,7 @@
 
 The page's tables and every number in its prose come from one results file, so the
 prose can never quote another run than the tables beside it. `make bench` runs this
-after each run; tests/test_docs_performance.py fails when the page and the file differ.
+after each run; tests/docs/test_performance_page.py fails when the page and the file differ.
 
     python scripts/performance_page.py            # rewrite docs/performance.md
     python scripts/performance_page.py --check    # exit 1 if it is not up to date

@@ -26,22 +26,22 @@ need() {
 have() { command -v "$1"; }
 have_file() { local f; for f in "$@"; do [ -e "$f" ] && return 0; done; return 1; }
 
-# PostgreSQL's server binaries: tests/pgserver.py starts a throwaway server with them
-# when none answers, and tests/faultkit.py runs initdb/pg_ctl for the restart tests.
+# PostgreSQL's server binaries: tests/support/pgserver.py starts a throwaway server with them
+# when none answers, and tests/support/faultkit.py runs initdb/pg_ctl for the restart tests.
 need postgresql have_file /usr/lib/postgresql/*/bin/pg_ctl
 need postgresql-client have psql
-# tests/test_faults_pgbouncer.py starts its own PgBouncer: only the binary is needed.
+# tests/faults/test_pgbouncer.py starts its own PgBouncer: only the binary is needed.
 need pgbouncer have_file /usr/sbin/pgbouncer /usr/bin/pgbouncer
-# tests/test_other_languages.py runs a Node.js client of the SQL API.
+# tests/integrations/test_other_languages.py runs a Node.js client of the SQL API.
 need nodejs have node
 need npm have npm
 # Clock tests step a process's clock with libfaketime (LD_PRELOAD) or faketime(1).
 need faketime have faketime
 need libfaketime have_file /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1
-# Examples of the docs that tests/test_docs.py runs: the sqlite3 shell, pgrep.
+# Examples of the docs that tests/docs/test_docs.py runs: the sqlite3 shell, pgrep.
 need sqlite3 have sqlite3
 need procps have pgrep
-# tests/test_celery.py uses the Redis on 127.0.0.1:6379 as broker, started there if absent.
+# tests/integrations/test_celery.py uses the Redis on 127.0.0.1:6379 as broker, started there if absent.
 need redis-server have redis-server
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -52,8 +52,8 @@ PAIRS = [
     ("pylease/_keeper_async.py", "pylease/_keeper.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
-    ("tests/test_heartbeat_async.py", "tests/test_heartbeat.py"),
-    ("tests/test_lease_async.py", "tests/test_lease.py"),
+    ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
+    ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
 ]
 
 NAMES = {
