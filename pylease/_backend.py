@@ -19,6 +19,8 @@ from typing import Any
 from pylease import _checks
 from pylease._operations import (
     CLAIM,
+    CLAIM_QUEUED,
+    CLAIM_WAITING,
     COUNTERS,
     HISTORY,
     HOLDS,
@@ -29,6 +31,8 @@ from pylease._operations import (
     RENEW_MANY,
     STATUS,
     STEAL,
+    UNWAIT,
+    WAIT,
     CounterRow,
     LeaseEvent,
     LeaseRow,
@@ -151,3 +155,33 @@ class Backend:
         """
         params = (_checks.span("older_than", older_than),)
         return int(self._call(PRUNE_HISTORY, params, None))
+
+    # Waiting (PostgreSQL): the engine of pylease._waiting_calls these.
+
+    def claim_waiting(
+        self, name: str, ttl: timedelta, holder: str, *, status: bool, queued_as: str | None
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        """A waiter's claim, in one statement: (fence, None) when granted, else (None,
+        the status rows when ``status``, else None).
+
+        :param queued_as: the process's token in the queue of waiting processes, which a
+            grant leaves in the claim's own transaction; None when not queued there.
+        """
+        tail = (name, ttl, holder, name, status)
+        if queued_as is None:
+            rows = self._call(CLAIM_WAITING, tail, name)
+        else:
+            rows = self._call(CLAIM_QUEUED, (name, queued_as, *tail), name)
+        fence: int | None = rows[0][0]
+        if fence is not None or not status:
+            return fence, None
+        row = rows[0]
+        return None, [] if row[3] is None else [LeaseRow(*row[3:])]
+
+    def wait(self, name: str, waiter: str, ttl: timedelta) -> bool:
+        """``lease_wait``: queue a waiting process (or refresh its entry); True when first."""
+        return bool(self._call(WAIT, (name, waiter, ttl), name))
+
+    def unwait(self, name: str, waiter: str, granted: bool) -> None:
+        """``lease_unwait``: leave the queue of waiting processes, waking the next one."""
+        self._call(UNWAIT, (name, waiter, granted), name)

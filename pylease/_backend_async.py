@@ -18,6 +18,8 @@ from typing import Any
 from pylease import _checks
 from pylease._operations import (
     CLAIM,
+    CLAIM_QUEUED,
+    CLAIM_WAITING,
     COUNTERS,
     HISTORY,
     HOLDS,
@@ -28,6 +30,8 @@ from pylease._operations import (
     RENEW_MANY,
     STATUS,
     STEAL,
+    UNWAIT,
+    WAIT,
     CounterRow,
     LeaseEvent,
     LeaseRow,
@@ -150,3 +154,33 @@ class AsyncBackend:
         """
         params = (_checks.span("older_than", older_than),)
         return int(await self._call(PRUNE_HISTORY, params, None))
+
+    # Waiting (PostgreSQL): the engine of pylease._waiting_async calls these.
+
+    async def claim_waiting(
+        self, name: str, ttl: timedelta, holder: str, *, status: bool, queued_as: str | None
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        """A waiter's claim, in one statement: (fence, None) when granted, else (None,
+        the status rows when ``status``, else None).
+
+        :param queued_as: the process's token in the queue of waiting processes, which a
+            grant leaves in the claim's own transaction; None when not queued there.
+        """
+        tail = (name, ttl, holder, name, status)
+        if queued_as is None:
+            rows = await self._call(CLAIM_WAITING, tail, name)
+        else:
+            rows = await self._call(CLAIM_QUEUED, (name, queued_as, *tail), name)
+        fence: int | None = rows[0][0]
+        if fence is not None or not status:
+            return fence, None
+        row = rows[0]
+        return None, [] if row[3] is None else [LeaseRow(*row[3:])]
+
+    async def wait(self, name: str, waiter: str, ttl: timedelta) -> bool:
+        """``lease_wait``: queue a waiting process (or refresh its entry); True when first."""
+        return bool(await self._call(WAIT, (name, waiter, ttl), name))
+
+    async def unwait(self, name: str, waiter: str, granted: bool) -> None:
+        """``lease_unwait``: leave the queue of waiting processes, waking the next one."""
+        await self._call(UNWAIT, (name, waiter, granted), name)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import secrets
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from pylease import _checks, _log
@@ -24,14 +23,6 @@ from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
 T = TypeVar("T")
 
 logger = logging.getLogger("pylease")
-
-# Seconds between attempts while waiting, when no notification arrives first.
-POLL_LISTENING = 5.0
-POLL_NOT_LISTENING = 0.5
-# SQLite has no NOTIFY: short sleeps that grow, so a handover is quick but cheap.
-SQLITE_FIRST_POLL = 0.005
-SQLITE_MAX_POLL = 0.05
-JITTER = 0.2
 
 
 _holder_prefix: tuple[int, str] | None = None
@@ -158,23 +149,6 @@ def current_holder(rows: list[Any]) -> tuple[str | None, datetime | None]:
         if row.held:
             return row.holder, row.expires_at
     return None, None
-
-
-def next_pause(
-    expires_at: datetime | None, poll: float, deadline_in: float, backoff: float
-) -> float:
-    """How long to sleep before the next attempt: jittered, never past the expiry.
-
-    An expiry sends no notification, so the waiter wakes for it. ``expires_at`` is
-    the database's clock and ``datetime.now`` ours: skew only moves this wake-up.
-    """
-    pause = poll * random.uniform(1 - JITTER, 1 + JITTER)
-    if expires_at is not None:
-        until = (expires_at - datetime.now(UTC)).total_seconds()
-        # Past the expiry by our clock but still busy: skew, or a renewal raced us.
-        until = until + random.uniform(0.005, 0.03) if until > 0 else backoff
-        pause = min(pause, until)
-    return max(min(pause, deadline_in), 0.0)
 
 
 def finish(

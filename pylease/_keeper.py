@@ -151,6 +151,11 @@ class _Group:
         return jump if jump > STEP_TOLERANCE else 0.0
 
 
+# A ticket with its group; a group with the tickets its tick renews.
+_Entry = tuple[_Group, Ticket]
+_Batch = tuple[_Group, list[Ticket]]
+
+
 class Keeper:
     """Keeps the tickets of one event loop (the sync one: of the process) fresh.
 
@@ -233,46 +238,21 @@ class Keeper:
         """One round: lose the overdue, start the due ticks, or sleep; False when done."""
         with self._cond:
             now = monotonic()
-            abandoned = [(g, t) for g in self._groups.values() for t in g.tickets if t.abandoned]
-            for group, ticket in abandoned:
-                group.tickets.remove(ticket)
-            overdue = [
-                (g, t) for g in self._groups.values() for t in g.tickets if t.deadline <= now
-            ]
-            for group, ticket in overdue:
-                group.tickets.remove(ticket)
-            due = []
-            for key, group in list(self._groups.items()):
-                if not group.tickets:
-                    # A group whose tick is under way stays, so that a lease added
-                    # meanwhile does not start a second tick beside a hung one.
-                    if not group.busy:
-                        del self._groups[key]
-                elif group.next_at <= now and not group.busy:
-                    group.busy = True
-                    due.append((group, list(group.tickets)))
-                    self._inflight.update(group.tickets)
+            abandoned, overdue, due = self._sort(now)
             done = not any(g.tickets for g in self._groups.values())
-            if not done:
-                self._idle_since = None
-            elif not overdue and not due and not abandoned:
-                if self._idle_since is None:
-                    self._idle_since = now
-                if now - self._idle_since < LINGER:
-                    self._sleep(LINGER - (now - self._idle_since))
-                    return True
+            quiet = not (overdue or due or abandoned)
             if done:
+                if quiet and self._linger(now):
+                    return True
                 # Decided with the condition held: a lease added from now on starts
                 # another worker.
                 self._idle_since = None
                 self._thread = None
-            elif not overdue and not due and not abandoned:
-                wake = min(
-                    min((g.next_at for g in self._groups.values() if not g.busy), default=now + 1),
-                    min(t.deadline for g in self._groups.values() for t in g.tickets),
-                )
-                self._sleep(max(wake - now, 0.001))
-                return True
+            else:
+                self._idle_since = None
+                if quiet:
+                    self._sleep(max(self._wake_at(now) - now, 0.001))
+                    return True
         for group, batch in due:
             spawn(self._tick, group, batch, name="pylease-renew")
         for group, ticket in overdue:
@@ -283,6 +263,45 @@ class Keeper:
         for group, ticket in abandoned:
             spawn(self._give_back, group, ticket, name="pylease-abandoned")
         return not done
+
+    def _sort(self, now: float) -> tuple[list[_Entry], list[_Entry], list[_Batch]]:
+        """Take the abandoned and the overdue tickets out, and mark the due groups busy.
+
+        Called with the condition held.
+        """
+        abandoned = [(g, t) for g in self._groups.values() for t in g.tickets if t.abandoned]
+        for group, ticket in abandoned:
+            group.tickets.remove(ticket)
+        overdue = [(g, t) for g in self._groups.values() for t in g.tickets if t.deadline <= now]
+        for group, ticket in overdue:
+            group.tickets.remove(ticket)
+        due = []
+        for key, group in list(self._groups.items()):
+            if not group.tickets:
+                # A group whose tick is under way stays, so that a lease added
+                # meanwhile does not start a second tick beside a hung one.
+                if not group.busy:
+                    del self._groups[key]
+            elif group.next_at <= now and not group.busy:
+                group.busy = True
+                due.append((group, list(group.tickets)))
+                self._inflight.update(group.tickets)
+        return abandoned, overdue, due
+
+    def _linger(self, now: float) -> bool:
+        """With nothing to keep: wait LINGER for the next lease; False once it is over."""
+        if self._idle_since is None:
+            self._idle_since = now
+        if now - self._idle_since < LINGER:
+            self._sleep(LINGER - (now - self._idle_since))
+            return True
+        return False
+
+    def _wake_at(self, now: float) -> float:
+        """When the next tick is due, or the next ticket's deadline comes."""
+        groups = self._groups.values()
+        ticks = min((g.next_at for g in groups if not g.busy), default=now + 1)
+        return min(ticks, min(t.deadline for g in groups for t in g.tickets))
 
     def _give_back(self, group: _Group, ticket: Ticket) -> None:
         """Release an abandoned lease on pylease's own connection, where that is safe."""

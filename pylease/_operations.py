@@ -204,3 +204,54 @@ OPERATIONS = (
     HISTORY,
     PRUNE_HISTORY,
 )
+
+
+# Waiting (PostgreSQL only: SQLite has no NOTIFY, and its waiters poll) ---------------
+
+#: The queue of waiting processes (migration 0005): ``lease_wait`` queues a process, or
+#: refreshes its entry, and says whether it is first in line; ``lease_unwait`` takes it
+#: out and wakes the next process.
+WAIT = Operation("wait", WRITE, "SELECT lease_wait(%s, %s, %s)", (), VALUE)
+UNWAIT = Operation("unwait", WRITE, "SELECT lease_unwait(%s, %s, %s)", (), VALUE)
+
+# A waiter's claim is one statement: the claim, and only when it is busy, the status
+# row that stood in the way. OFFSET 0 keeps each subquery whole: lease_claim runs once,
+# and lease_status behind a one-time filter, only when busy.
+_STATUS_COLUMNS: LiteralString = (
+    "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
+)
+_CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
+# A busy claim that met the winner's claim on the lease's row waited for it, then
+# locked the row's new version to recheck it: its transaction has an xid, and its
+# commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
+# wait for its lock. Busy, it granted nothing: its commit need not be durable.
+_BUSY_NO_FLUSH: LiteralString = (
+    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END, "
+)
+_STATUS: LiteralString = (
+    " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL AND %s OFFSET 0)"
+    " AS s ON true"
+)
+CLAIM_WAITING = Operation(
+    "claim_waiting",
+    GRANT,
+    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
+    (),
+    tuple,
+)
+#: The same for a process queued in pylease_waiters: on a grant it leaves the queue
+#: there and then, waking the next process.
+CLAIM_QUEUED = Operation(
+    "claim_queued",
+    GRANT,
+    "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
+    + _BUSY_NO_FLUSH
+    + _STATUS_COLUMNS
+    + _CLAIMED
+    + _STATUS,
+    (),
+    tuple,
+)
+
+#: The operations of waiters, which only the PostgreSQL backend runs.
+WAITING = (WAIT, UNWAIT, CLAIM_WAITING, CLAIM_QUEUED)

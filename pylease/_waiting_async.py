@@ -1,81 +1,66 @@
 # The source of pylease/_waiting.py: tools/async_to_sync.py writes it from this file.
-"""Waiting for released leases: one LISTEN connection per database, shared by every waiter.
+"""The wait engine: how anything that waits for a grant waits.
 
-A release sends ``NOTIFY pylease, '<name>'``. Rather than a LISTEN connection per
-waiting lease (30 waiting threads held 30 connections, and every release woke them
-all into a claim), the waiters of a process (on an event loop: of that loop) share
-one :class:`AsyncHub` per database: a connection LISTENing on ``pylease`` and a
-reader that hands each notification to the waiters of that name only.
-
-Within a process the waiters of one name queue in arrival order and only the
-first of them (the *head*) claims again on a notification; the next one takes
-its place when it leaves, with the lease (it waits for the next notification) or
-without it (it claims at once). So a release costs one claim per waiting process,
-not one per waiting thread.
+A wait takes an :class:`Attempt` (today: a claim of one lease) and tries it until it
+is granted or the wait's deadline passes. A busy first attempt queues the waiter on the
+process's listener for the database (:mod:`pylease._hub_async`), which LISTENs before
+the waiter tries again (a release between the two is not missed). The first waiter of
+a name in the process (the *head*) tries again on every notification naming it, on
+the poll interval and at the holder's expiry; the others wait their turn.
 
 Across processes, a release still wakes one claim per waiting process unless the
 schema has the queue of waiting processes (migration 0005): then the head of each
 process queues its process in ``pylease_waiters`` (:func:`join_queue`), and only the
 process at the head of that queue claims on a release; leaving it wakes the next
 process with ``NOTIFY pylease_waiters``. The others claim only on their poll
-interval, the safety net for a queued process that vanished (its row expires,
-since it is refreshed only while its process waits).
+interval, the safety net for a queued process that vanished (its row expires, since
+it is refreshed only while its process waits).
 
-A waiter's claims after its first are one statement each (:func:`claim`): granted,
-the process leaves the queue of waiting processes in the claim's own transaction
-(a round trip less between the release and the block); busy, the same statement
-reads the status row that stood in the way (the holder's expiry, which paces the
-waiter). A busy claim still writes nothing: ``lease_unwait`` and ``lease_status``
-run only on their side of the answer, and a busy claim's commit never waits for a
-WAL flush (one that met the winner's claim on the row holds a row lock until it
-commits, and the winner's fenced writes wait for that). A head that claimed in
-vain less than STATUS_FRESH ago leaves the status out (lease_status, an SQL
-function planned at every call, costs several busy claims of server time, and a
-busy name's head claims again at every release); it reads it again once that is
-over, or once the expiry it knows is past.
+A waiter's attempts after its first are one statement each: granted, the process
+leaves the queue of waiting processes in the claim's own transaction (a round trip
+less between the release and the block); busy, the same statement reads the status row
+that stood in the way (the holder's expiry, which paces the waiter). A busy claim
+still writes nothing, and its commit never waits for a WAL flush. A head that claimed
+in vain less than STATUS_FRESH ago leaves the status out (lease_status, an SQL function
+planned at every call, costs several busy claims of server time, and a busy name's
+head claims again at every release); it reads it again once that is over, or once the
+expiry it knows is past.
 
-When the listener's connection is lost, every head is woken to claim once and
-polls until the reader has LISTENed again (with backoff); a release missed
-meanwhile is found by that claim. Behind a pooler in transaction mode, where
-LISTEN succeeds but nothing is ever delivered, the heads' expiry-aware polling
-is what finds a free lease, as it always was.
+Once the database has answered, an unreachable or read-only server (a failover) is
+retried with backoff until the wait's deadline, not raised at once. Behind a pooler
+in transaction mode, where LISTEN succeeds but nothing is ever delivered, the heads'
+expiry-aware polling is what finds a free lease. SQLite has no NOTIFY: its waiters
+poll, with short sleeps that grow.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
+import enum
 import logging
-import os
 import random
-import weakref
-from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, LiteralString
+from typing import Any, Protocol
 
-import psycopg
-from psycopg.rows import tuple_row
-
-from pylease._acompat import AEvent, ALock, AMutex, AWorker, asleep, aspawn, monotonic
+from pylease import _hub_async as hub
+from pylease._acompat import asleep, monotonic
 from pylease._backend_async import AsyncBackend
-from pylease._held import default_holder
+from pylease._held import Options, current_holder
+from pylease._hub_async import WAITER_TTL, AsyncWaiter
 from pylease._links_async import AsyncLink
-from pylease._operations import GRANT, LeaseRow, Operation
-from pylease.errors import PyleaseError, SchemaMissing
-from pylease.postgres._backend_async import AsyncPostgresBackend, wrap_errors
-from pylease.postgres._conninfo import CHANNEL, LISTEN_APP, own_conninfo
+from pylease._log import claimed as log_claimed
+from pylease._operations import LeaseRow
+from pylease.errors import DatabaseUnavailable, LeaseBusy, PyleaseError, SchemaMissing
 
 logger = logging.getLogger("pylease")
 
-# An idle listener stays open this long for the next wait: a worker that cycles
-# through a busy lease would otherwise connect once per wait.
-LINGER = 2.0
-# How often the reader, between notifications, looks whether it is still needed.
-TICK = 0.25
-# Backoff between attempts to LISTEN again after the connection was lost.
-FIRST_RELISTEN = 0.05
-MAX_RELISTEN = 5.0
+# Seconds between attempts while waiting, when no notification arrives first.
+POLL_LISTENING = 5.0
+POLL_NOT_LISTENING = 0.5
+# SQLite has no NOTIFY: short sleeps that grow, so a handover is quick but cheap.
+SQLITE_FIRST_POLL = 0.005
+SQLITE_MAX_POLL = 0.05
+JITTER = 0.2
 # A waiter that meets an unreachable or read-only server (a failover) tries again
 # after this pause (jittered), doubling up to MAX_OUTAGE, until its wait's deadline.
 FIRST_OUTAGE = 0.05
@@ -84,321 +69,65 @@ MAX_OUTAGE = 1.0
 NAP = 60.0
 # A head's busy claim reads the status with it at most this often (see the docstring).
 STATUS_FRESH = 1.0
-# A process's row in the queue of waiting processes expires this long after it was
-# last refreshed; it is refreshed every third of that while the process waits.
-WAITER_TTL = 30.0
-QUEUE_CHANNEL = "pylease_waiters"
-WAIT: LiteralString = "SELECT lease_wait(%s, %s, %s)"
-UNWAIT: LiteralString = "SELECT lease_unwait(%s, %s, %s)"
-# A waiter's claim (see the module's docstring). OFFSET 0 keeps each subquery whole:
-# lease_claim runs once, and lease_status behind a one-time filter, only when busy.
-_STATUS_COLUMNS: LiteralString = (
-    "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
-)
-_CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
-# A busy claim that met the winner's claim on the lease's row waited for it, then
-# locked the row's new version to recheck it: its transaction has an xid, and its
-# commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
-# wait for its lock. Busy, it granted nothing: its commit need not be durable.
-_BUSY_NO_FLUSH: LiteralString = (
-    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END, "
-)
-_STATUS: LiteralString = (
-    " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL AND %s OFFSET 0)"
-    " AS s ON true"
-)
-# Grants: run as every claim is (a grant counts only once durable, see _postgres_async).
-CLAIM = Operation(
-    "claim_waiting",
-    GRANT,
-    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
-    (),
-    tuple,
-)
-# The same for a process queued in pylease_waiters (the function exists): on a
-# grant it leaves the queue there and then, waking the next process.
-CLAIM_QUEUED = Operation(
-    "claim_queued",
-    GRANT,
-    "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
-    + _BUSY_NO_FLUSH
-    + _STATUS_COLUMNS
-    + _CLAIMED
-    + _STATUS,
-    (),
-    tuple,
-)
-
-# Guards every hub's queues and state: changed without awaiting in between.
-_mutex = AMutex()
-
-# What a waiter saw before its first claim: (hub, its listen epoch, notifications heard).
-Mark = tuple[object, int, int]
 
 
-class AsyncWaiter:
-    """One waiting lease's place in the queue of its name."""
+class Attempt(Protocol):
+    """What a wait tries: one primitive's claim, as the engine calls it."""
 
-    def __init__(self, hub: AsyncHub, name: str) -> None:
-        self.hub = hub
-        self.name = name
-        self._event = AEvent()
-        # Set with the event when the waiter should claim (a release, a lost
-        # listener), left unset when it only became the head.
-        self._retry = False
-        # For the head: its process's place in the queue of waiting processes. None:
-        # not queued there; False: queued behind another process; True: first.
-        self.db_head: bool | None = None
-        self.refresh_at = 0.0
-        # True once a granted claim took the process out of that queue (see claim()).
-        self.left = False
+    #: The name whose releases (NOTIFY payloads) wake this wait.
+    name: str
+    #: Who claims, and for how long: what the log of a grant says.
+    holder: str
+    ttl: timedelta
 
-    @property
-    def head(self) -> bool:
-        """True while this waiter is the first of its name in this process."""
-        with _mutex:
-            queue = self.hub.queues.get(self.name)
-            return queue is not None and queue[0] is self
+    async def claim(self, b: AsyncBackend) -> int | None:
+        """A plain attempt: the grant (a fence), or None when busy."""
 
-    @property
-    def listening(self) -> bool:
-        """True while the shared listener is LISTENing."""
-        return self.hub.conn is not None
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        """A waiter's attempt in one statement: (grant, None), or (None, the status
+        rows when ``status``, else None)."""
 
-    @property
-    def join_due(self) -> bool:
-        """True when the head should queue its process, or refresh its row."""
-        return self.hub.db_queue and (self.db_head is None or monotonic() >= self.refresh_at)
-
-    @property
-    def behind(self) -> bool:
-        """True while another process is ahead of this one in the queue of waiting
-        processes, and the listener would tell when that changes."""
-        return self.db_head is False and self.hub.conn is not None
-
-    def wake(self, retry: bool) -> None:
-        """Called with the mutex held."""
-        self._retry = self._retry or retry
-        self._event.set()
-
-    async def sleep(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` seconds; True when the waiter should claim again."""
-        woken = await _wait(self._event, timeout)
-        with _mutex:
-            self._event.clear()
-            retry, self._retry = self._retry, False
-        return retry or not woken
+    async def status(self, b: AsyncBackend) -> list[LeaseRow]:
+        """What stands in the way: the status rows of the name."""
 
 
-class AsyncHub:
-    """The LISTEN connection to one database and the waiters it wakes, by name."""
+class LeaseClaim:
+    """The attempt of a lease: ``lease_claim(name, ttl, holder)``."""
 
-    def __init__(self, conninfo: str) -> None:
-        self.conninfo = conninfo
-        self.queues: dict[str, deque[AsyncWaiter]] = {}
-        self.conn: psycopg.AsyncConnection[Any] | None = None
-        # Bumped at every LISTEN, and at every notification heard: a waiter compares
-        # them with what it saw before its first claim.
-        self.epoch = 0
-        self.heard = 0
-        self.closing = False
-        self.worker: AWorker | None = None
-        self.idle_since = monotonic()
-        self._open_lock = ALock()
-        # This process in the queue of waiting processes; False once the schema is
-        # found to lack it (before migration 0005).
-        self.token = default_holder()
-        self.db_queue = True
+    def __init__(self, name: str, ttl: timedelta, holder: str) -> None:
+        self.name, self.ttl, self.holder = name, ttl, holder
 
-    async def start(self) -> None:
-        """LISTEN now (once), so that no release after this call goes unheard."""
-        async with self._open_lock:
-            if self.worker is not None:
-                return
-            try:
-                conn = await self._open()
-            except psycopg.Error as exc:
-                logger.info("pylease: cannot LISTEN, waiters poll until it works: %s", exc)
-            else:
-                # The waiters queued meanwhile claim after this (see enter()).
-                self._listening(conn, wake=False)
-            self.worker = aspawn(self._run, name="pylease-listen")
+    async def claim(self, b: AsyncBackend) -> int | None:
+        return await b.claim(self.name, self.ttl, self.holder)
 
-    async def _open(self) -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(
-            own_conninfo(self.conninfo, LISTEN_APP), autocommit=True, prepare_threshold=None
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        return await b.claim_waiting(
+            self.name, self.ttl, self.holder, status=status, queued_as=queued_as
         )
-        try:
-            await conn.execute("LISTEN " + CHANNEL)
-            await conn.execute("LISTEN " + QUEUE_CHANNEL)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
 
-    def _listening(self, conn: psycopg.AsyncConnection[Any], *, wake: bool = True) -> None:
-        with _mutex:
-            self.conn = conn
-            self.epoch += 1
-            if wake:
-                # A release may have gone unheard while nobody listened.
-                self._wake_heads()
-
-    def _wake_heads(self) -> None:
-        """Called with the mutex held."""
-        for queue in self.queues.values():
-            queue[0].wake(retry=True)
-
-    def _dispatch(self, channel: str, payload: str) -> None:
-        with _mutex:
-            self.heard += 1
-            if channel == QUEUE_CHANNEL:
-                # {"name": ..., "waiter": ..., "claim": ...}: the process now first
-                # in line, and whether to claim at once (the one before left without
-                # the lease) or on the next release (it left with it; notifications
-                # come in commit order, so that release's comes after this one).
-                try:
-                    turn = json.loads(payload)
-                    name, waiter, claim = str(turn["name"]), turn["waiter"], bool(turn["claim"])
-                except (ValueError, KeyError, TypeError):
-                    return
-                queue = self.queues.get(name)
-                if waiter == self.token and queue:
-                    queue[0].db_head = True
-                    queue[0].wake(retry=claim)
-                return
-            queue = self.queues.get(payload)
-            # A process behind another in the queue of waiting processes leaves
-            # this release to the one ahead.
-            if queue and queue[0].db_head is not False:
-                queue[0].wake(retry=True)
-
-    def _done(self) -> bool:
-        """True (and the hub leaves the registry) once nobody waited for LINGER seconds."""
-        with _mutex:
-            if self.queues or monotonic() - self.idle_since < LINGER:
-                return False
-            self.closing = True
-            hubs = _hubs()
-            if hubs.get(self.conninfo) is self:
-                del hubs[self.conninfo]
-            return True
-
-    async def _run(self) -> None:
-        backoff = FIRST_RELISTEN
-        try:
-            while not self._done():
-                conn = self.conn
-                if conn is None:
-                    await asleep(backoff * random.uniform(0.8, 1.2))
-                    if self._done():
-                        return
-                    try:
-                        conn = await self._open()
-                    except psycopg.Error as exc:
-                        logger.info("pylease: cannot LISTEN again yet: %s", exc)
-                        backoff = min(backoff * 2, MAX_RELISTEN)
-                        continue
-                    backoff = FIRST_RELISTEN
-                    self._listening(conn)
-                    continue
-                try:
-                    async for notify in conn.notifies(timeout=TICK):
-                        self._dispatch(notify.channel, notify.payload)
-                except psycopg.Error as exc:
-                    logger.info("pylease: the LISTEN connection was lost, waiters poll: %s", exc)
-                    with _mutex:
-                        self.conn = None
-                        self._wake_heads()
-                    await _close(conn)
-        finally:
-            with _mutex:
-                conn, self.conn = self.conn, None
-            if conn is not None:
-                await _close(conn)
+    async def status(self, b: AsyncBackend) -> list[LeaseRow]:
+        return await b.status(self.name)
 
 
-async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Closing a broken connection: nothing is left to tell.
-    with contextlib.suppress(psycopg.Error):
-        await conn.close()
+def next_pause(
+    expires_at: datetime | None, poll: float, deadline_in: float, backoff: float
+) -> float:
+    """How long to sleep before the next attempt: jittered, never past the expiry.
 
-
-async def _call(b: AsyncBackend, query: LiteralString, params: tuple[Any, ...], name: str) -> Any:
-    assert isinstance(b, AsyncPostgresBackend)
-    with wrap_errors(name):
-        async with b.conn.cursor(row_factory=tuple_row) as cur:
-            await cur.execute(query, params)
-            row = await cur.fetchone()
-    assert row is not None
-    return row[0]
-
-
-async def join_queue(link_: AsyncLink, waiter: AsyncWaiter) -> None:
-    """Queue the head's process in the queue of waiting processes, or refresh its row."""
-    hub, name = waiter.hub, waiter.name
-    if not hub.db_queue:
-        return
-    ttl = timedelta(seconds=WAITER_TTL)
-    try:
-        first = await link_.run(
-            lambda b: _call(b, WAIT, (name, hub.token, ttl), name), name=name, retry=True
-        )
-    except SchemaMissing:
-        # Before migration 0005: every waiting process claims on a release.
-        logger.info("pylease: no queue of waiting processes in this schema (migration 0005)")
-        hub.db_queue = False
-        return
-    with _mutex:
-        # A NOTIFY naming this process may have come while the answer was on its way.
-        waiter.db_head = bool(first) or bool(waiter.db_head)
-        waiter.refresh_at = monotonic() + WAITER_TTL / 3
-
-
-async def claim(
-    link_: AsyncLink, waiter: AsyncWaiter, ttl: timedelta, holder: str, *, status: bool
-) -> tuple[int | None, list[LeaseRow] | None]:
-    """Claim for a waiter, in one statement: (fence, None) when granted, else (None,
-    the status rows if ``status``, else None).
-
-    Granted while its process is queued in pylease_waiters, the claim also takes it
-    out (as :func:`leave_queue` would, with the lease), in the same transaction.
+    An expiry sends no notification, so the waiter wakes for it. ``expires_at`` is
+    the database's clock and ``datetime.now`` ours: skew only moves this wake-up.
     """
-    name = waiter.name
-    queued = waiter.db_head is not None
-    tail: tuple[Any, ...] = (name, ttl, holder, name, status)
-    if queued:
-        op, params = CLAIM_QUEUED, (name, waiter.hub.token, *tail)
-    else:
-        op, params = CLAIM, tail
-
-    async def run(b: AsyncBackend) -> list[tuple[Any, ...]]:
-        assert isinstance(b, AsyncPostgresBackend)
-        rows: list[tuple[Any, ...]] = await b._call(op, params, name)
-        return rows
-
-    row = (await link_.run(run, name=name, retry=True))[0]
-    fence = row[0]
-    if fence is not None:
-        if queued:
-            waiter.left = True
-        return fence, None
-    if not status:
-        return None, None
-    return None, [] if row[3] is None else [LeaseRow(*row[3:])]
-
-
-async def leave_queue(link_: AsyncLink, waiter: AsyncWaiter, *, granted: bool) -> None:
-    """Take the process out of the queue of waiting processes, waking the next one."""
-    if waiter.db_head is None or waiter.left:
-        return
-    hub, name = waiter.hub, waiter.name
-    waiter.db_head = None
-    try:
-        await link_.run(lambda b: _call(b, UNWAIT, (name, hub.token, granted), name), name=name)
-    except PyleaseError as exc:
-        # Its row expires by itself: the next process only waits a little longer.
-        logger.info("pylease: could not leave the queue of waiters of %r: %s", name, exc)
+    pause = poll * random.uniform(1 - JITTER, 1 + JITTER)
+    if expires_at is not None:
+        until = (expires_at - datetime.now(UTC)).total_seconds()
+        # Past the expiry by our clock but still busy: skew, or a renewal raced us.
+        until = until + random.uniform(0.005, 0.03) if until > 0 else backoff
+        pause = min(pause, until)
+    return max(min(pause, deadline_in), 0.0)
 
 
 def status_due(read_at: float, expires_at: datetime | None) -> bool:
@@ -409,105 +138,239 @@ def status_due(read_at: float, expires_at: datetime | None) -> bool:
     return expires_at <= datetime.now(UTC)
 
 
-def mark(conninfo: str) -> Mark | None:
-    """What a waiter sees before its first claim (None: nobody listens yet)."""
-    with _mutex:
-        hub = _hubs().get(conninfo)
-        if hub is None or hub.conn is None:
-            return None
-        return hub, hub.epoch, hub.heard
+async def join_queue(link_: AsyncLink, waiter: AsyncWaiter) -> None:
+    """Queue the head's process in the queue of waiting processes, or refresh its row."""
+    name, token = waiter.name, waiter.hub.token
+    if not waiter.hub.db_queue:
+        return
+    ttl = timedelta(seconds=WAITER_TTL)
+    try:
+        first = await link_.run(lambda b: b.wait(name, token, ttl), name=name, retry=True)
+    except SchemaMissing:
+        # Before migration 0005: every waiting process claims on a release.
+        logger.info("pylease: no queue of waiting processes in this schema (migration 0005)")
+        waiter.hub.db_queue = False
+        return
+    hub.joined(waiter, first, monotonic() + WAITER_TTL / 3)
 
 
-async def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[AsyncWaiter, bool]:
-    """Queue a waiter for ``name``, LISTENing first if nobody does yet.
-
-    Returns the waiter and whether it must claim at once: only a head that may have
-    missed a release since ``seen`` (taken before its first, busy claim) must.
-    """
-    with _mutex:
-        hubs = _hubs()
-        hub = hubs.get(conninfo)
-        if hub is None or hub.closing:
-            hub = hubs[conninfo] = AsyncHub(conninfo)
-        waiter = AsyncWaiter(hub, name)
-        queue = hub.queues.setdefault(name, deque())
-        queue.append(waiter)
-    if hub.worker is None:
-        await hub.start()
-    with _mutex:
-        head = hub.queues[name][0] is waiter
-        unchanged = seen == (hub, hub.epoch, hub.heard) and hub.conn is not None
-    return waiter, head and not unchanged
+async def leave_queue(link_: AsyncLink, waiter: AsyncWaiter, *, granted: bool) -> None:
+    """Take the process out of the queue of waiting processes, waking the next one."""
+    if waiter.db_head is None or waiter.left:
+        return
+    name, token = waiter.name, waiter.hub.token
+    waiter.db_head = None
+    try:
+        await link_.run(lambda b: b.unwait(name, token, granted), name=name)
+    except PyleaseError as exc:
+        # Its row expires by itself: the next process only waits a little longer.
+        logger.info("pylease: could not leave the queue of waiters of %r: %s", name, exc)
 
 
-def leave(waiter: AsyncWaiter, *, granted: bool) -> None:
-    """Take ``waiter`` out of its queue; the next one becomes the head.
+class _Turn(enum.Enum):
+    """What one attempt of the loop came to, when it was not a grant."""
 
-    The next claims at once unless ``waiter`` leaves with the lease (then only the
-    next release can free it).
-    """
-    hub = waiter.hub
-    with _mutex:
-        queue = hub.queues.get(waiter.name)
-        if queue is None or waiter not in queue:
-            return
-        was_head = queue[0] is waiter
-        queue.remove(waiter)
-        if not queue:
-            del hub.queues[waiter.name]
-            if not hub.queues:
-                hub.idle_since = monotonic()
-        elif was_head:
-            queue[0].wake(retry=not granted)
+    #: Busy (or not this process's turn): on to the deadline and the pause.
+    BUSY = "busy"
+    #: Back to the top of the loop at once (an outage's pause, a new place in line).
+    AGAIN = "again"
 
 
-def waiters(name: str | None = None) -> int:
-    """How many leases of this process (event loop) wait now, for ``name`` or any."""
-    with _mutex:
-        return sum(
-            len(queue)
-            for hub in _hubs().values()
-            for key, queue in hub.queues.items()
-            if name is None or key == name
-        )
+class AsyncWait:
+    """One wait for a grant, in steps: the loop of :func:`acquire`."""
 
+    def __init__(
+        self,
+        link_: AsyncLink,
+        attempt: Attempt,
+        opts: Options,
+        *,
+        want_holder: bool,
+        on_busy: Callable[[Any], None] | None,
+    ) -> None:
+        self.link, self.attempt, self.opts = link_, attempt, opts
+        self.want_holder, self.on_busy = want_holder, on_busy
+        self.start = self.sent_at = monotonic()
+        self.deadline = self.start + opts.wait
+        self.waiter: AsyncWaiter | None = None
+        self.retry = True
+        self.granted = False
+        self.backoff = SQLITE_FIRST_POLL if link_.sqlite else 0.01
+        self.outage = FIRST_OUTAGE
+        self.current: str | None = None
+        self.expires_at: datetime | None = None
+        # When the head last read the status; whether its last busy claim left it out.
+        self.status_at = float("-inf")
+        self.skipped = False
 
-if True:  # ASYNC
-    _registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncHub]] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def _hubs() -> dict[str, AsyncHub]:
-        """The hubs of the running event loop, by conninfo."""
-        loop = asyncio.get_running_loop()
-        found = _registries.get(loop)
-        if found is None:
-            found = _registries[loop] = {}
-        return found
-
-    async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    async def run(self) -> tuple[int, float]:
+        """(fence, monotonic time its claim was sent); raises LeaseBusy at the deadline."""
+        name = self.attempt.name
+        conninfo = None if self.link.sqlite or self.opts.wait <= 0 else self.link.listen_conninfo
+        seen = None if conninfo is None else hub.mark(conninfo)
+        fence = await self.link.run(self.attempt.claim, name=name, retry=True)
+        if fence is not None:
+            return self._granted(fence)
+        if self.opts.wait <= 0:
+            await self._busy_at_once()
+        if conninfo is not None:
+            self.waiter, self.retry = await hub.enter(conninfo, name, seen)
         try:
-            await asyncio.wait_for(event.wait(), max(timeout, 0.0))
-        except TimeoutError:
+            while True:
+                turn = await self._turn()
+                if isinstance(turn, int):
+                    return self._granted(turn)
+                if turn is _Turn.BUSY and not self._past_deadline():
+                    await self._pause()
+        finally:
+            if self.waiter is not None:
+                await leave_queue(self.link, self.waiter, granted=self.granted)
+                hub.leave(self.waiter, granted=self.granted)
+
+    def _granted(self, fence: int) -> tuple[int, float]:
+        self.granted = True
+        waited = self.sent_at - self.start
+        attempt = self.attempt
+        log_claimed(attempt.name, attempt.holder, fence, attempt.ttl.total_seconds(), waited)
+        return fence, self.sent_at
+
+    async def _busy_at_once(self) -> None:
+        """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
+        holding = None
+        if self.want_holder or self.on_busy is not None:
+            rows = await self.link.run(self.attempt.status, name=self.attempt.name)
+            holding = current_holder(rows)[0]
+            if self.on_busy is not None:
+                self.on_busy(rows[0] if rows else None)
+        raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0)
+
+    async def _turn(self) -> int | _Turn:
+        """Queue the process and attempt, as due; an outage is ridden out here."""
+        waiter = self.waiter
+        head = waiter is None or waiter.head
+        # The head speaks for its process in the queue of waiting processes.
+        join = waiter is not None and head and waiter.join_due
+        if not (join or self.retry):
+            return _Turn.BUSY
+        try:
+            if join:
+                assert waiter is not None
+                joined = waiter.db_head is None
+                await join_queue(self.link, waiter)
+                if joined and waiter.behind:
+                    # Another process is first in line: its claim, not ours.
+                    self.retry = False
+            if not self.retry:
+                return _Turn.AGAIN
+            fence = await self._attempt(head)
+        except DatabaseUnavailable:
+            # A failover, a restart: the wait rides it out until its deadline.
+            # (A SQLite file locked past its busy timeout is no failover.)
+            if self.link.sqlite or monotonic() + self.outage >= self.deadline:
+                raise
+            await asleep(self.outage * random.uniform(1 - JITTER, 1 + JITTER))
+            self.outage = min(self.outage * 2, MAX_OUTAGE)
+            return _Turn.AGAIN
+        self.outage = FIRST_OUTAGE
+        return _Turn.BUSY if fence is None else fence
+
+    async def _attempt(self, head: bool) -> int | None:
+        """One attempt; busy, it reads what stands in the way when that is due."""
+        waiter, name = self.waiter, self.attempt.name
+        self.sent_at = monotonic()
+        look = (
+            self.on_busy is not None
+            or (self.want_holder and self.sent_at >= self.deadline)
+            or (head and (waiter is None or status_due(self.status_at, self.expires_at)))
+        )
+        self.skipped = head and not look
+        rows: list[LeaseRow] | None = None
+        if waiter is None:
+            fence = await self.link.run(self.attempt.claim, name=name, retry=True)
+        else:
+            queued_as = None if waiter.db_head is None else waiter.hub.token
+
+            async def attempt(b: AsyncBackend) -> tuple[int | None, list[LeaseRow] | None]:
+                return await self.attempt.claim_waiting(b, status=look, queued_as=queued_as)
+
+            fence, rows = await self.link.run(attempt, name=name, retry=True)
+            if fence is not None and queued_as is not None:
+                waiter.left = True
+        if fence is not None:
+            return fence
+        if not look and self.want_holder and monotonic() >= self.deadline:
+            look = True  # the claim ended past the deadline: name the holder now
+        if look:
+            if rows is None:
+                rows = await self.link.run(self.attempt.status, name=name)
+            self.current, self.expires_at = current_holder(rows)
+            self.status_at = self.sent_at
+            if self.on_busy is not None:
+                self.on_busy(rows[0] if rows else None)
+        return None
+
+    def _past_deadline(self) -> bool:
+        """True when one last attempt is due; raises LeaseBusy after it."""
+        now = monotonic()
+        if now < self.deadline:
             return False
-        return True
+        if not self.retry:
+            self.retry = True  # one last claim before giving up
+            return True
+        raise LeaseBusy(self.attempt.name, holder=self.current, waited=now - self.start)
 
-else:
-    _registry: dict[str, AsyncHub] = {}
+    async def _pause(self) -> None:
+        """Sleep until the next attempt is due: a notification, the holder's expiry, a poll."""
+        waiter, now = self.waiter, monotonic()
+        if waiter is not None and not waiter.head:
+            # Not first in line: the head claims for this process; wait our turn
+            # (in naps: a wait may have no deadline).
+            self.retry = await waiter.sleep(min(self.deadline - now, NAP))
+            if self.retry and not waiter.head and monotonic() < self.deadline:
+                self.retry = False  # only a nap ended
+            return
+        pause = self._pause_length(now)
+        if waiter is None:
+            await asleep(pause)
+            self.retry = True
+        else:
+            self.retry = await waiter.sleep(pause)
 
-    def _hubs() -> dict[str, AsyncHub]:
-        """The hubs of this process, by conninfo."""
-        return _registry
+    def _pause_length(self, now: float) -> float:
+        waiter, poll_interval = self.waiter, self.opts.poll_interval
+        if self.link.sqlite:
+            poll = poll_interval or self.backoff
+            self.backoff = min(self.backoff * 1.5, SQLITE_MAX_POLL)
+        else:
+            listening = waiter is not None and waiter.listening
+            poll = poll_interval or (POLL_LISTENING if listening else POLL_NOT_LISTENING)
+            self.backoff = min(self.backoff * 2, 1.0)
+        # A process behind another in the queue of waiting processes polls, in case
+        # that process vanished; the one first in line wakes at the holder's expiry.
+        behind = waiter is not None and waiter.behind
+        expires_at = None if behind else self.expires_at
+        pause = next_pause(expires_at, poll, self.deadline - now, self.backoff)
+        if waiter is not None and waiter.db_head is not None:
+            pause = min(pause, max(waiter.refresh_at - now, 0.0))
+        if self.skipped:
+            # The holder may have changed since the status was read: read it again
+            # soon, in case the new one's expiry comes earlier.
+            pause = min(pause, max(self.status_at + STATUS_FRESH - now, 0.0))
+        return pause
 
-    def _wait(event: AEvent, timeout: float) -> bool:
-        return event.wait(max(timeout, 0.0))
 
-    def _after_fork() -> None:
-        # A forked child has no reader thread: its waiters start a hub of their own
-        # (and the mutex may have been held by a thread the child does not have).
-        global _registry, _mutex
-        _registry = {}
-        _mutex = AMutex()
+async def acquire(
+    link_: AsyncLink,
+    opts: Options,
+    holder: str,
+    *,
+    want_holder: bool,
+    on_busy: Callable[[Any], None] | None = None,
+) -> tuple[int, float]:
+    """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork)
+    ``on_busy(row)`` is called after every busy attempt that read the status row that
+    stood in the way (None if it vanished), the last one before LeaseBusy included.
+    """
+    attempt = LeaseClaim(opts.name, opts.ttl, holder)
+    return await AsyncWait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy).run()

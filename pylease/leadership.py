@@ -31,11 +31,12 @@ from typing import Any
 
 from pylease import _checks
 from pylease._acompat import Event, monotonic
-from pylease._held import Held, callable_option, default_holder, next_pause
+from pylease._held import Held, callable_option, default_holder
 from pylease._links import Link, Listener, ListenerLost, link
 from pylease._links import check as check_target
 from pylease._operations import LeaseRow
 from pylease._types import Duration, Target, Wait
+from pylease._waiting import next_pause
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.leasing import Lease, lease
 

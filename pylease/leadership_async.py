@@ -32,11 +32,12 @@ from typing import Any
 
 from pylease import _checks
 from pylease._acompat import AEvent, monotonic
-from pylease._held import Held, callable_option, default_holder, next_pause
+from pylease._held import Held, callable_option, default_holder
 from pylease._links_async import AsyncLink, AsyncListener, ListenerLost, link
 from pylease._links_async import check as check_target
 from pylease._operations import LeaseRow
 from pylease._types import AsyncTarget, Duration, Wait
+from pylease._waiting_async import next_pause
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.leasing_async import AsyncLease, alease
 

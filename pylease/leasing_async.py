@@ -17,205 +17,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import weakref
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
 from pylease import _claims
-from pylease import _waiting_async as waiting
-from pylease._acompat import asleep, monotonic
+from pylease._acompat import monotonic
 from pylease._backend_async import AsyncBackend
+from pylease._held import Held as Held
 from pylease._held import (
-    JITTER,
-    POLL_LISTENING,
-    POLL_NOT_LISTENING,
-    SQLITE_FIRST_POLL,
-    SQLITE_MAX_POLL,
     Options,
     bool_option,
-    current_holder,
     describe_loss,
     end_keep_fresh,
     finish,
     keep_fresh_options,
-    next_pause,
     options,
 )
-from pylease._held import Held as Held
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
 from pylease._keeper_async import keeper, settle
 from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
-from pylease._log import claimed as log_claimed
 from pylease._log import released as log_released
 from pylease._log import text as error_text
 from pylease._ticket import AsyncTicket, abandon, inherited
 from pylease._types import AsyncTarget, Duration, Wait
-from pylease._waiting_async import AsyncWaiter
-from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
+from pylease._waiting_async import acquire
+from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 
 T = TypeVar("T")
 
 # on_lost: a plain function, or on an event loop a coroutine function too.
 AsyncLostCallback = Callable[[LeaseLost], object]
-
-
-async def acquire(
-    link_: AsyncLink,
-    opts: Options,
-    holder: str,
-    *,
-    want_holder: bool,
-    on_busy: Callable[[Any], None] | None = None,
-) -> tuple[int, float]:
-    """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
-
-    With ``wait``, a busy first attempt queues the waiter on the process's listener
-    for this database (:mod:`pylease._waiting_async`), which LISTENs before the waiter
-    claims again (a release between the two is not missed). The first waiter of a name
-    in the process retries on every notification naming it, on the poll interval and
-    at the holder's expiry; the others wait their turn. Once the database has answered,
-    an unreachable or read-only server (a failover) is retried with backoff until the
-    wait's deadline, not raised at once. ``on_busy(row)`` is called after every busy
-    attempt with the ``status()`` row that stood in the way (None if it vanished),
-    the last one before LeaseBusy included.
-    """
-    name, ttl = opts.name, opts.ttl
-
-    async def claim(b: AsyncBackend) -> int | None:
-        return await b.claim(name, ttl, holder)
-
-    async def status(b: AsyncBackend) -> list[Any]:
-        return await b.status(name)
-
-    conninfo = None if link_.sqlite or opts.wait <= 0 else link_.listen_conninfo
-    seen = None if conninfo is None else waiting.mark(conninfo)
-    start = sent_at = monotonic()
-    fence = await link_.run(claim, name=name, retry=True)
-    if fence is not None:
-        log_claimed(name, holder, fence, ttl.total_seconds(), 0.0)
-        return fence, sent_at
-    if opts.wait <= 0:
-        holding = None
-        if want_holder or on_busy is not None:
-            rows = await link_.run(status, name=name)
-            holding = current_holder(rows)[0]
-            if on_busy is not None:
-                on_busy(rows[0] if rows else None)
-        raise LeaseBusy(name, holder=holding, waited=0.0)
-
-    deadline = start + opts.wait
-    waiter: AsyncWaiter | None = None
-    retry = True
-    if conninfo is not None:
-        waiter, retry = await waiting.enter(conninfo, name, seen)
-    granted = False
-    backoff = SQLITE_FIRST_POLL if link_.sqlite else 0.01
-    outage = waiting.FIRST_OUTAGE
-    current: str | None = None
-    expires_at: datetime | None = None
-    # When the head last read the status; whether its last busy claim left it out.
-    status_at = float("-inf")
-    skipped = False
-    try:
-        while True:
-            head = waiter is None or waiter.head
-            # The head speaks for its process in the queue of waiting processes.
-            join = waiter is not None and head and waiter.join_due
-            if join or retry:
-                try:
-                    if join:
-                        assert waiter is not None
-                        joined = waiter.db_head is None
-                        await waiting.join_queue(link_, waiter)
-                        if joined and waiter.behind:
-                            # Another process is first in line: its claim, not ours.
-                            retry = False
-                    if not retry:
-                        continue
-                    sent_at = monotonic()
-                    look = (
-                        on_busy is not None
-                        or (want_holder and sent_at >= deadline)
-                        or (head and (waiter is None or waiting.status_due(status_at, expires_at)))
-                    )
-                    skipped = head and not look
-                    seen_rows: list[Any] | None = None
-                    if waiter is None:
-                        fence = await link_.run(claim, name=name, retry=True)
-                    else:
-                        # One statement: the claim, and what stood in the way (see there).
-                        fence, seen_rows = await waiting.claim(
-                            link_, waiter, ttl, holder, status=look
-                        )
-                    if fence is not None:
-                        granted = True
-                        log_claimed(name, holder, fence, ttl.total_seconds(), sent_at - start)
-                        return fence, sent_at
-                    if not look and want_holder and monotonic() >= deadline:
-                        look = True  # the claim ended past the deadline: name the holder now
-                    if look:
-                        if seen_rows is None:
-                            seen_rows = await link_.run(status, name=name)
-                        current, expires_at = current_holder(seen_rows)
-                        status_at = sent_at
-                        if on_busy is not None:
-                            on_busy(seen_rows[0] if seen_rows else None)
-                except DatabaseUnavailable:
-                    # A failover, a restart: the wait rides it out until its deadline.
-                    # (A SQLite file locked past its busy timeout is no failover.)
-                    if link_.sqlite or monotonic() + outage >= deadline:
-                        raise
-                    await asleep(outage * random.uniform(1 - JITTER, 1 + JITTER))
-                    outage = min(outage * 2, waiting.MAX_OUTAGE)
-                    continue
-                outage = waiting.FIRST_OUTAGE
-            now = monotonic()
-            if now >= deadline:
-                if not retry:
-                    retry = True  # one last claim before giving up
-                    continue
-                raise LeaseBusy(name, holder=current, waited=now - start)
-            if not head:
-                # Not first in line: the head claims for this process; wait our turn
-                # (in naps: a wait may have no deadline).
-                assert waiter is not None
-                retry = await waiter.sleep(min(deadline - now, waiting.NAP))
-                if retry and not waiter.head and monotonic() < deadline:
-                    retry = False  # only a nap ended
-                continue
-            if link_.sqlite:
-                poll = opts.poll_interval or backoff
-                backoff = min(backoff * 1.5, SQLITE_MAX_POLL)
-            else:
-                listening = waiter is not None and waiter.listening
-                poll = opts.poll_interval or (POLL_LISTENING if listening else POLL_NOT_LISTENING)
-                backoff = min(backoff * 2, 1.0)
-            if waiter is not None and waiter.behind:
-                # The process first in line wakes at the holder's expiry; this one
-                # polls, in case that process vanished.
-                pause = next_pause(None, poll, deadline - now, backoff)
-            else:
-                pause = next_pause(expires_at, poll, deadline - now, backoff)
-            if waiter is not None and waiter.db_head is not None:
-                pause = min(pause, max(waiter.refresh_at - now, 0.0))
-            if skipped:
-                # The holder may have changed since the status was read: read it again
-                # soon, in case the new one's expiry comes earlier.
-                pause = min(pause, max(status_at + waiting.STATUS_FRESH - now, 0.0))
-            if waiter is None:
-                await asleep(pause)
-                retry = True
-            else:
-                retry = await waiter.sleep(pause)
-    finally:
-        if waiter is not None:
-            await waiting.leave_queue(link_, waiter, granted=granted)
-            waiting.leave(waiter, granted=granted)
 
 
 async def release(

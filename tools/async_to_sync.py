@@ -48,6 +48,7 @@ PAIRS = [
     ("pylease/_backend_async.py", "pylease/_backend.py"),
     ("pylease/postgres/_backend_async.py", "pylease/postgres/_backend.py"),
     ("pylease/_links_async.py", "pylease/_links.py"),
+    ("pylease/_hub_async.py", "pylease/_hub.py"),
     ("pylease/_waiting_async.py", "pylease/_waiting.py"),
     ("pylease/_keeper_async.py", "pylease/_keeper.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
@@ -63,6 +64,7 @@ NAMES = {
     "_keeper_async": "_keeper",
     "leasing_async": "leasing",
     "_waiting_async": "_waiting",
+    "_hub_async": "_hub",
     # the public API
     "alease": "lease",
     "arun_exclusive": "run_exclusive",
@@ -92,6 +94,7 @@ NAMES = {
     "AsyncListener": "Listener",
     "AsyncHub": "Hub",
     "AsyncWaiter": "Waiter",
+    "AsyncWait": "Wait",
     "AsyncLink": "Link",
     "AsyncLease": "Lease",
     "AsyncKeepFresh": "KeepFresh",

@@ -104,7 +104,7 @@ def claim(
     Example: read -r holder fence < <(pylease claim sweep --ttl 5m)
     """
     from pylease._links import link
-    from pylease.leasing import acquire
+    from pylease._waiting import acquire
 
     with at_edge(verbose) as edge:
         key("name", name)

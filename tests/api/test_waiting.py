@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from pylease import _waiting, lease
+from pylease import _operations, lease
 from tests.support.leases import claim, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -128,7 +128,7 @@ def test_a_waiters_busy_claim_commits_without_a_wal_flush_even_after_meeting_the
     def waiter() -> None:
         try:
             with psycopg.connect(dsn) as tx:  # not autocommit: look inside its transaction
-                got = tx.execute(_waiting.CLAIM.postgres, params).fetchone()
+                got = tx.execute(_operations.CLAIM_WAITING.postgres, params).fetchone()
                 assert got is not None
                 xid = tx.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()
                 sync = tx.execute("SHOW synchronous_commit").fetchone()
@@ -154,7 +154,7 @@ def test_a_waiters_busy_claim_commits_without_a_wal_flush_even_after_meeting_the
     row = conn.execute("SELECT lease_release('job', 'winner')").fetchone()
     assert row is not None and row[0] is True
     with psycopg.connect(dsn) as tx:
-        got = tx.execute(_waiting.CLAIM.postgres, params).fetchone()
+        got = tx.execute(_operations.CLAIM_WAITING.postgres, params).fetchone()
         assert got is not None and got[0] is not None
         assert (tx.execute("SHOW synchronous_commit").fetchone() or ("",))[0] == "on"
         tx.rollback()

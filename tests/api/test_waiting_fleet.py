@@ -1,7 +1,7 @@
 """Many waiters: one shared listener, one claim per release, arrival order in a process.
 
 The waiters of a process share one LISTEN connection per database and queue per
-name (pylease/_waiting_async.py); these tests count what that saves on a real
+name (pylease/_hub_async.py); these tests count what that saves on a real
 server (connections in pg_stat_activity, lease_claim calls in pg_stat_user_functions)
 and check what it must keep (arrival order, the fallback when the listener is lost).
 Async twins in test_waiting_fleet_async.py.
@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from pylease import _waiting, lease
+from pylease import _hub, lease
 from pylease._resources import data_dir
 from tests.support.leases import (
     backends,
@@ -98,7 +98,7 @@ def test_two_hundred_waiters_in_one_process_use_two_connections(
     claim(conn, "job", ttl="60s")
     with peak_of(lambda: pylease_connections(conn2)) as peak:
         threads, results = waiters(dsn, "job", 200)
-        assert wait_until(lambda: _waiting.waiters("job") == 200, BOUND)
+        assert wait_until(lambda: _hub.waiters("job") == 200, BOUND)
         # One listener, and one connection for every claim, status and renewal.
         assert sorted(set(backends(conn, "pylease-listen"))) == backends(conn, "pylease-listen")
         assert len(backends(conn, "pylease-listen")) == 1
@@ -114,7 +114,7 @@ def test_a_release_costs_one_claim_per_waiting_process(dsn: str, conn: Conn) -> 
     track_functions(conn)
     claim(conn, "job", ttl="60s")
     threads, results = waiters(dsn, "job", 30)
-    assert wait_until(lambda: _waiting.waiters("job") == 30, BOUND)
+    assert wait_until(lambda: _hub.waiters("job") == 30, BOUND)
     release(conn, "job")
     join(threads)
     assert [r for r in results if not isinstance(r, int)] == []
@@ -145,7 +145,7 @@ def test_waiters_of_one_name_are_granted_in_arrival_order(dsn: str, conn: Conn) 
         thread.start()
         threads.append(thread)
         # The next one arrives once this one is queued.
-        assert wait_until(lambda: _waiting.waiters("job") == len(threads), BOUND)
+        assert wait_until(lambda: _hub.waiters("job") == len(threads), BOUND)
     release(conn, "job")
     join(threads)
     assert errors == []
@@ -155,7 +155,7 @@ def test_waiters_of_one_name_are_granted_in_arrival_order(dsn: str, conn: Conn) 
 def test_waiters_get_the_lease_when_their_listener_is_lost(dsn: str, conn: Conn) -> None:
     claim(conn, "job", ttl="60s")
     threads, results = waiters(dsn, "job", 20)
-    assert wait_until(lambda: _waiting.waiters("job") == 20, BOUND)
+    assert wait_until(lambda: _hub.waiters("job") == 20, BOUND)
     assert wait_until(lambda: backends(conn, "pylease-listen"))
     first = backends(conn, "pylease-listen")
     terminate(conn, first)
@@ -228,7 +228,7 @@ def test_waiters_work_on_a_schema_without_the_queue_of_waiting_processes(
     conn.execute(rollback.read_text())
     claim(conn, "job", ttl="60s")
     threads, results = waiters(dsn, "job", 5)
-    assert wait_until(lambda: _waiting.waiters("job") == 5, BOUND)
+    assert wait_until(lambda: _hub.waiters("job") == 5, BOUND)
     release(conn, "job")
     join(threads)
     assert [r for r in results if not isinstance(r, int)] == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pylease import _waiting_async, alease
+from pylease import _hub_async, alease
 from tests.support.leases import AConn, abackends, aclaim, aterminate
 
 BOUND = 60.0
@@ -41,7 +41,7 @@ async def release(conn: AConn, name: str, holder: str = "other") -> None:
 
 
 async def queued(name: str, count: int) -> bool:
-    return _waiting_async.waiters(name) == count
+    return _hub_async.waiters(name) == count
 
 
 async def test_two_hundred_waiting_tasks_use_two_connections(dsn: str, aconn: AConn) -> None:
