@@ -7,7 +7,7 @@ is a daemon thread.
 
 Leases are grouped by the source their renewals run on (one per database) and by
 the operation that renews them; each tick renews a whole group with ONE statement
-(``lease_renew_many`` for leases), however many it holds, so another kind of
+(``lease_renew_each`` for leases), however many it holds, so another kind of
 renewable thing (a semaphore slot, a leader term) is a group of its own, not a
 second keeper. A group ticks every third of its shortest ttl. A failed tick
 (connection dropped, server restarting) is retried with backoff until a lease's

@@ -23,192 +23,30 @@ from __future__ import annotations
 
 import math
 import signal
-import threading
-import time
 from collections.abc import Callable, Generator
-from types import FrameType, TracebackType
-from typing import Any
+from types import TracebackType
 
 from pylease import _checks
 from pylease._acompat import Event, monotonic
 from pylease._held import Held, callable_option, default_holder
-from pylease._links import Link, Listener, ListenerLost, link
 from pylease._links import check as check_target
+from pylease._links import link
 from pylease._operations import LeaseRow
+from pylease._standby import (
+    Callback,
+    Observer,
+    Shutdown,
+    Stop,
+    Watch,
+    call,
+    leading,
+    poll_seconds,
+    same_leader,
+    wait_seconds,
+)
 from pylease._types import Duration, Target, Wait
-from pylease._waiting import next_pause
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 from pylease.leasing import Lease, lease
-
-# Seconds between reads of the row when nothing wakes a watcher first (a steal, or a
-# grant after a long vacancy, is seen this late at worst).
-POLL = 1.0
-# SQLite has no NOTIFY: a standby there reads the row this often.
-SQLITE_POLL = 0.05
-# After a vacancy, a grant usually follows within milliseconds: look again soon.
-FIRST_RECHECK = 0.01
-# A thread's stop event is looked at this often while waiting (sync only).
-STOP_SLICE = 0.2
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-Callback = Callable[[Any], object]
-
-
-def leading(rows: list[LeaseRow]) -> LeaseRow | None:
-    """The row of a lease whose state is ``held``, from ``status()`` rows; else None."""
-    for row in rows:
-        state = getattr(row, "state", None)
-        if row.held if state is None else state == "held":
-            return row
-    return None
-
-
-def same_leader(a: LeaseRow | None, b: LeaseRow | None) -> bool:
-    """True when both name one term (holder and fence); a renewal changes neither."""
-    if a is None or b is None:
-        return a is b
-    return (a.holder, a.fence) == (b.holder, b.fence)
-
-
-def wait_seconds(wait: object) -> float:
-    """``wait`` as seconds; None, ``math.inf`` and ``"forever"`` wait without a deadline.
-
-    A string is a duration as the CLI spells it (``"30s"``, ``"5m"``).
-    """
-    return math.inf if wait is None else _checks.wait(wait)
-
-
-def poll_seconds(poll_interval: object) -> float | None:
-    if poll_interval is None:
-        return None
-    return _checks.ttl(poll_interval, "poll_interval").total_seconds()
-
-
-def call(callback: Callback | None, argument: object) -> None:
-    """Call a callback that may be a plain function or a coroutine function."""
-    if callback is None:
-        return
-    callback(argument)
-
-
-class Stop:
-    """What ends a campaign: the caller's ``stop`` event, or a signal (main thread only)."""
-
-    def __init__(self, event: Event | None) -> None:
-        self.event = event
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-        self.interruptible = False
-
-    def is_set(self) -> bool:
-        if self.signum is not None:
-            return True
-        return self.event is not None and self.event.is_set()
-
-    def install(self) -> None:
-        """In the main thread, SIGTERM and SIGINT end the campaign instead of the process."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        """Put the previous handlers back; then let the signal that stopped us act on them."""
-        previous, self._previous = self._previous, {}
-        for sig, handler in previous.items():
-            # None: a handler set outside Python, which cannot be put back from here.
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        if self.signum is not None and previous:
-            # Resigned: now the process does what it would have done (exit, by default).
-            signal.raise_signal(self.signum)
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        first = self.signum is None
-        self.signum = signum
-        if first and self.interruptible:
-            raise Shutdown(signum)
-
-    def wait(self, timeout: float, listener: Listener | None, name: str) -> None:
-        """Sleep up to ``timeout``: woken early by a release of ``name`` or by the stop."""
-        end = monotonic() + timeout
-        self.interruptible = True
-        try:
-            while not self.is_set():
-                left = end - monotonic()
-                if left <= 0:
-                    return
-                step = left if self.event is None else min(left, STOP_SLICE)
-                if listener is None:
-                    time.sleep(step)
-                elif listener.wait(name, step):
-                    return
-        finally:
-            self.interruptible = False
-
-
-class Shutdown(BaseException):
-    """SIGTERM or SIGINT arrived while a sync campaign or work was interruptible."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-class Watch:
-    """Reads the leader's row, and sleeps until it is worth reading again."""
-
-    def __init__(self, target: object, name: str, poll_interval: float | None) -> None:
-        self.name = name
-        self.link: Link = link(target)
-        self.listener: Listener | None = None
-        self.poll = poll_interval or (SQLITE_POLL if self.link.sqlite else POLL)
-        self._recheck = FIRST_RECHECK
-
-    def listen(self) -> None:
-        if not self.link.sqlite and self.listener is None:
-            self.listener = self.link.listen(self.name)
-
-    def read(self) -> LeaseRow | None:
-        name = self.name
-        rows = self.link.run(lambda b: b.status(name), name=name, retry=True)
-        return leading(rows)
-
-    def pause(self, row: LeaseRow | None, stop: Stop, deadline: float) -> None:
-        """Wait for the next reason to read: a notification, the expiry, a poll, the stop."""
-        left = deadline - monotonic()
-        if row is None:
-            pause = min(self._recheck, self.poll, left)
-            self._recheck = min(self._recheck * 2, self.poll)
-        else:
-            self._recheck = FIRST_RECHECK
-            pause = next_pause(row.expires_at, self.poll, left, FIRST_RECHECK)
-        try:
-            stop.wait(max(pause, 0.0), self.listener, self.name)
-        except ListenerLost:
-            self.listener = None  # polling from now on
-
-    def close(self) -> None:
-        listener, self.listener = self.listener, None
-        try:
-            if listener is not None:
-                listener.close()
-        finally:
-            self.link.close()
-
-
-class Observer:
-    """Calls ``on_new_leader`` once for every change of leader it is shown."""
-
-    def __init__(self, on_new_leader: Callback | None) -> None:
-        self.on_new_leader = on_new_leader
-        self.last: LeaseRow | None = None
-        self.seen = False
-
-    def see(self, row: LeaseRow | None) -> None:
-        if self.seen and same_leader(self.last, row):
-            return
-        self.seen, self.last = True, row
-        call(self.on_new_leader, row)
 
 
 class Campaign:

@@ -52,6 +52,7 @@ PAIRS = [
     ("pylease/_waiting_async.py", "pylease/_waiting.py"),
     ("pylease/_keeper_async.py", "pylease/_keeper.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
+    ("pylease/_standby_async.py", "pylease/_standby.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
@@ -73,6 +74,7 @@ NAMES = {
     "AsyncTarget": "Target",
     # leader election
     "leadership_async": "leadership",
+    "_standby_async": "_standby",
     "aleader": "leader",
     "arun_as_leader": "run_as_leader",
     "acurrent_leader": "current_leader",
