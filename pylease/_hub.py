@@ -112,12 +112,57 @@ class Waiter:
         return retry or not woken
 
 
+class Watcher:
+    """A subscriber told of every release of one name (of any name: ``name`` None).
+
+    Watchers are not waiters: they claim nothing and keep no place in a queue, so the
+    rule that only a name's head claims for its process stays the waiters'. A leader
+    standby, ``watch_leader`` and ``status --watch`` watch.
+    """
+
+    def __init__(self, hub: Hub, name: str | None) -> None:
+        self.hub = hub
+        self.name = name
+        self._event = Event()
+
+    @property
+    def listening(self) -> bool:
+        """True while the shared listener is LISTENing (else: poll)."""
+        return self.hub.conn is not None
+
+    def wake(self) -> None:
+        """Called with the mutex held."""
+        self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; True when a release (or a lost listener,
+        after which a release may have gone unheard) woke it."""
+        woken = _wait(self._event, timeout)
+        with _mutex:
+            self._event.clear()
+        return woken
+
+    def close(self) -> None:
+        """Stop watching; the hub closes once nobody waits or watches."""
+        hub = self.hub
+        with _mutex:
+            watchers = hub.watchers.get(self.name)
+            if watchers is None or self not in watchers:
+                return
+            watchers.remove(self)
+            if not watchers:
+                del hub.watchers[self.name]
+            if not hub.queues and not hub.watchers:
+                hub.idle_since = monotonic()
+
+
 class Hub:
-    """The LISTEN connection to one database and the waiters it wakes, by name."""
+    """The LISTEN connection to one database, and the waiters and watchers it wakes."""
 
     def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo
         self.queues: dict[str, deque[Waiter]] = {}
+        self.watchers: dict[str | None, list[Watcher]] = {}
         self.conn: psycopg.Connection[Any] | None = None
         # Bumped at every LISTEN, and at every notification heard: a waiter compares
         # them with what it saw before its first claim.
@@ -167,9 +212,12 @@ class Hub:
                 self._wake_heads()
 
     def _wake_heads(self) -> None:
-        """Called with the mutex held."""
+        """Called with the mutex held: a release may have gone unheard."""
         for queue in self.queues.values():
             queue[0].wake(retry=True)
+        for watchers in self.watchers.values():
+            for watcher in watchers:
+                watcher.wake()
 
     def _dispatch(self, channel: str, payload: str) -> None:
         with _mutex:
@@ -189,6 +237,8 @@ class Hub:
                     queue[0].db_head = True
                     queue[0].wake(retry=claim)
                 return
+            for watcher in (*self.watchers.get(payload, ()), *self.watchers.get(None, ())):
+                watcher.wake()
             queue = self.queues.get(payload)
             # A process behind another in the queue of waiting processes leaves
             # this release to the one ahead.
@@ -196,9 +246,10 @@ class Hub:
                 queue[0].wake(retry=True)
 
     def _done(self) -> bool:
-        """True (and the hub leaves the registry) once nobody waited for LINGER seconds."""
+        """True (and the hub leaves the registry) once nobody waited or watched for LINGER
+        seconds."""
         with _mutex:
-            if self.queues or monotonic() - self.idle_since < LINGER:
+            if self.queues or self.watchers or monotonic() - self.idle_since < LINGER:
                 return False
             self.closing = True
             hubs = _hubs()
@@ -264,6 +315,19 @@ def mark(conninfo: str) -> Mark | None:
         return hub, hub.epoch, hub.heard
 
 
+def _hub(conninfo: str) -> Hub:
+    """The hub of ``conninfo`` in this process (event loop), made if there is none.
+
+    Called with the mutex held, so that a hub found is not closing before its new
+    waiter or watcher is in.
+    """
+    hubs = _hubs()
+    hub = hubs.get(conninfo)
+    if hub is None or hub.closing:
+        hub = hubs[conninfo] = Hub(conninfo)
+    return hub
+
+
 def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[Waiter, bool]:
     """Queue a waiter for ``name``, LISTENing first if nobody does yet.
 
@@ -271,10 +335,7 @@ def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[Waiter, bool]:
     missed a release since ``seen`` (taken before its first, busy claim) must.
     """
     with _mutex:
-        hubs = _hubs()
-        hub = hubs.get(conninfo)
-        if hub is None or hub.closing:
-            hub = hubs[conninfo] = Hub(conninfo)
+        hub = _hub(conninfo)
         waiter = Waiter(hub, name)
         queue = hub.queues.setdefault(name, deque())
         queue.append(waiter)
@@ -284,6 +345,18 @@ def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[Waiter, bool]:
         head = hub.queues[name][0] is waiter
         unchanged = seen == (hub, hub.epoch, hub.heard) and hub.conn is not None
     return waiter, head and not unchanged
+
+
+def watch(conninfo: str, name: str | None) -> Watcher:
+    """Watch the releases of ``name`` (of every name: None), LISTENing first if nobody
+    does yet; :meth:`Watcher.close` ends it."""
+    with _mutex:
+        hub = _hub(conninfo)
+        watcher = Watcher(hub, name)
+        hub.watchers.setdefault(name, []).append(watcher)
+    if hub.worker is None:
+        hub.start()
+    return watcher
 
 
 def leave(waiter: Waiter, *, granted: bool) -> None:

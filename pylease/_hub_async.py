@@ -113,12 +113,57 @@ class AsyncWaiter:
         return retry or not woken
 
 
+class AsyncWatcher:
+    """A subscriber told of every release of one name (of any name: ``name`` None).
+
+    Watchers are not waiters: they claim nothing and keep no place in a queue, so the
+    rule that only a name's head claims for its process stays the waiters'. A leader
+    standby, ``watch_leader`` and ``status --watch`` watch.
+    """
+
+    def __init__(self, hub: AsyncHub, name: str | None) -> None:
+        self.hub = hub
+        self.name = name
+        self._event = AEvent()
+
+    @property
+    def listening(self) -> bool:
+        """True while the shared listener is LISTENing (else: poll)."""
+        return self.hub.conn is not None
+
+    def wake(self) -> None:
+        """Called with the mutex held."""
+        self._event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; True when a release (or a lost listener,
+        after which a release may have gone unheard) woke it."""
+        woken = await _wait(self._event, timeout)
+        with _mutex:
+            self._event.clear()
+        return woken
+
+    def close(self) -> None:
+        """Stop watching; the hub closes once nobody waits or watches."""
+        hub = self.hub
+        with _mutex:
+            watchers = hub.watchers.get(self.name)
+            if watchers is None or self not in watchers:
+                return
+            watchers.remove(self)
+            if not watchers:
+                del hub.watchers[self.name]
+            if not hub.queues and not hub.watchers:
+                hub.idle_since = monotonic()
+
+
 class AsyncHub:
-    """The LISTEN connection to one database and the waiters it wakes, by name."""
+    """The LISTEN connection to one database, and the waiters and watchers it wakes."""
 
     def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo
         self.queues: dict[str, deque[AsyncWaiter]] = {}
+        self.watchers: dict[str | None, list[AsyncWatcher]] = {}
         self.conn: psycopg.AsyncConnection[Any] | None = None
         # Bumped at every LISTEN, and at every notification heard: a waiter compares
         # them with what it saw before its first claim.
@@ -168,9 +213,12 @@ class AsyncHub:
                 self._wake_heads()
 
     def _wake_heads(self) -> None:
-        """Called with the mutex held."""
+        """Called with the mutex held: a release may have gone unheard."""
         for queue in self.queues.values():
             queue[0].wake(retry=True)
+        for watchers in self.watchers.values():
+            for watcher in watchers:
+                watcher.wake()
 
     def _dispatch(self, channel: str, payload: str) -> None:
         with _mutex:
@@ -190,6 +238,8 @@ class AsyncHub:
                     queue[0].db_head = True
                     queue[0].wake(retry=claim)
                 return
+            for watcher in (*self.watchers.get(payload, ()), *self.watchers.get(None, ())):
+                watcher.wake()
             queue = self.queues.get(payload)
             # A process behind another in the queue of waiting processes leaves
             # this release to the one ahead.
@@ -197,9 +247,10 @@ class AsyncHub:
                 queue[0].wake(retry=True)
 
     def _done(self) -> bool:
-        """True (and the hub leaves the registry) once nobody waited for LINGER seconds."""
+        """True (and the hub leaves the registry) once nobody waited or watched for LINGER
+        seconds."""
         with _mutex:
-            if self.queues or monotonic() - self.idle_since < LINGER:
+            if self.queues or self.watchers or monotonic() - self.idle_since < LINGER:
                 return False
             self.closing = True
             hubs = _hubs()
@@ -265,6 +316,19 @@ def mark(conninfo: str) -> Mark | None:
         return hub, hub.epoch, hub.heard
 
 
+def _hub(conninfo: str) -> AsyncHub:
+    """The hub of ``conninfo`` in this process (event loop), made if there is none.
+
+    Called with the mutex held, so that a hub found is not closing before its new
+    waiter or watcher is in.
+    """
+    hubs = _hubs()
+    hub = hubs.get(conninfo)
+    if hub is None or hub.closing:
+        hub = hubs[conninfo] = AsyncHub(conninfo)
+    return hub
+
+
 async def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[AsyncWaiter, bool]:
     """Queue a waiter for ``name``, LISTENing first if nobody does yet.
 
@@ -272,10 +336,7 @@ async def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[AsyncWaite
     missed a release since ``seen`` (taken before its first, busy claim) must.
     """
     with _mutex:
-        hubs = _hubs()
-        hub = hubs.get(conninfo)
-        if hub is None or hub.closing:
-            hub = hubs[conninfo] = AsyncHub(conninfo)
+        hub = _hub(conninfo)
         waiter = AsyncWaiter(hub, name)
         queue = hub.queues.setdefault(name, deque())
         queue.append(waiter)
@@ -285,6 +346,18 @@ async def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[AsyncWaite
         head = hub.queues[name][0] is waiter
         unchanged = seen == (hub, hub.epoch, hub.heard) and hub.conn is not None
     return waiter, head and not unchanged
+
+
+async def watch(conninfo: str, name: str | None) -> AsyncWatcher:
+    """Watch the releases of ``name`` (of every name: None), LISTENing first if nobody
+    does yet; :meth:`AsyncWatcher.close` ends it."""
+    with _mutex:
+        hub = _hub(conninfo)
+        watcher = AsyncWatcher(hub, name)
+        hub.watchers.setdefault(name, []).append(watcher)
+    if hub.worker is None:
+        await hub.start()
+    return watcher
 
 
 def leave(waiter: AsyncWaiter, *, granted: bool) -> None:

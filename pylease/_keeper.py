@@ -133,8 +133,13 @@ class _Group:
         # clock it read), to notice the database's clock stepping forward.
         self.clock: tuple[float, datetime] | None = None
 
-    def interval(self) -> float:
-        return min(t.interval for t in self.tickets)
+    def due(self, now: float) -> list[Ticket]:
+        """The tickets to renew in a tick at ``now``: those due, and those within half
+        their interval of it (renewed a little early rather than by a tick of their own)."""
+        return [t for t in self.tickets if t.due - now <= t.interval / 2]
+
+    def next_due(self) -> float:
+        return min(t.due for t in self.tickets)
 
     def stepped(self, sent_at: float, received_at: float, server_time: datetime) -> float:
         """How far the database's clock jumped ahead of ours since the last renewal (0: not).
@@ -184,7 +189,7 @@ class Keeper:
             # that the registry has closed since.
             group.source = source
             group.tickets.append(ticket)
-            group.next_at = min(group.next_at, monotonic() + ticket.interval)
+            group.next_at = min(group.next_at, ticket.due)
             idle = self._thread is None
             if idle:
                 self._thread = spawn(self._run, name="pylease-heartbeat")
@@ -284,8 +289,9 @@ class Keeper:
                     del self._groups[key]
             elif group.next_at <= now and not group.busy:
                 group.busy = True
-                due.append((group, list(group.tickets)))
-                self._inflight.update(group.tickets)
+                batch = group.due(now) or list(group.tickets)
+                due.append((group, batch))
+                self._inflight.update(batch)
         return abandoned, overdue, due
 
     def _linger(self, now: float) -> bool:
@@ -397,7 +403,7 @@ class Keeper:
                     group.tickets.remove(ticket)
                     lost.append((ticket, why))
             if group.tickets:
-                group.next_at = sent_at + group.interval()
+                group.next_at = group.next_due()
         return lost
 
 

@@ -292,53 +292,6 @@ def reset_registry() -> None:
     _registry = Registry()
 
 
-# Listening -------------------------------------------------------------------
-
-
-class Listener:
-    """A connection LISTENing on ``pylease``, to wake a waiter when a lease is released."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn: psycopg.Connection[Any] | None = conn
-
-    @classmethod
-    def open(cls, conninfo: str, name: str) -> Listener | None:
-        """Start listening; None (and the waiter polls) when LISTEN cannot be used."""
-        try:
-            conn = psycopg.Connection.connect(
-                own_conninfo(conninfo, LISTEN_APP), autocommit=True, prepare_threshold=None
-            )
-            conn.execute("LISTEN " + CHANNEL)
-        except psycopg.Error as exc:
-            logger.info("cannot LISTEN for lease %r, polling instead: %s", name, exc)
-            return None
-        return cls(conn)
-
-    def wait(self, name: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True if a release of ``name`` was announced."""
-        conn = self.conn
-        if conn is None:
-            return False
-        try:
-            for notify in conn.notifies(timeout=max(timeout, 0.0)):
-                if notify.payload == name:
-                    return True
-        except psycopg.Error as exc:
-            logger.info("LISTEN connection lost while waiting for %r: %s", name, exc)
-            self.close()
-            raise ListenerLost from exc
-        return False
-
-    def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.close()
-
-
-class ListenerLost(Exception):
-    """The LISTEN connection broke: the waiter polls from now on."""
-
-
 # Links: one lease's way to its database -----------------------------------------
 
 
@@ -381,11 +334,6 @@ class Link:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
         return self.source.run(op, name=name)
-
-    def listen(self, name: str) -> Listener | None:
-        if self.listen_conninfo is None:
-            return None
-        return Listener.open(self.listen_conninfo, name)
 
     def close(self) -> None:
         registry().release(self.source)

@@ -320,53 +320,6 @@ else:
         _registry = AsyncRegistry()
 
 
-# Listening -------------------------------------------------------------------
-
-
-class AsyncListener:
-    """A connection LISTENing on ``pylease``, to wake a waiter when a lease is released."""
-
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.conn: psycopg.AsyncConnection[Any] | None = conn
-
-    @classmethod
-    async def open(cls, conninfo: str, name: str) -> AsyncListener | None:
-        """Start listening; None (and the waiter polls) when LISTEN cannot be used."""
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                own_conninfo(conninfo, LISTEN_APP), autocommit=True, prepare_threshold=None
-            )
-            await conn.execute("LISTEN " + CHANNEL)
-        except psycopg.Error as exc:
-            logger.info("cannot LISTEN for lease %r, polling instead: %s", name, exc)
-            return None
-        return cls(conn)
-
-    async def wait(self, name: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True if a release of ``name`` was announced."""
-        conn = self.conn
-        if conn is None:
-            return False
-        try:
-            async for notify in conn.notifies(timeout=max(timeout, 0.0)):
-                if notify.payload == name:
-                    return True
-        except psycopg.Error as exc:
-            logger.info("LISTEN connection lost while waiting for %r: %s", name, exc)
-            await self.close()
-            raise ListenerLost from exc
-        return False
-
-    async def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            await conn.close()
-
-
-class ListenerLost(Exception):
-    """The LISTEN connection broke: the waiter polls from now on."""
-
-
 # Links: one lease's way to its database -----------------------------------------
 
 
@@ -415,11 +368,6 @@ class AsyncLink:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
         return await self.source.run(op, name=name)
-
-    async def listen(self, name: str) -> AsyncListener | None:
-        if self.listen_conninfo is None:
-            return None
-        return await AsyncListener.open(self.listen_conninfo, name)
 
     async def close(self) -> None:
         await registry().release(self.source)

@@ -16,8 +16,10 @@ from types import FrameType
 from typing import Any
 
 from pylease import _checks
+from pylease import _hub as hub
 from pylease._acompat import Event, monotonic
-from pylease._links import Link, Listener, ListenerLost, link
+from pylease._hub import Watcher
+from pylease._links import Link, link
 from pylease._operations import LeaseRow
 from pylease._waiting import next_pause
 
@@ -109,8 +111,8 @@ class Stop:
         if first and self.interruptible:
             raise Shutdown(signum)
 
-    def wait(self, timeout: float, listener: Listener | None, name: str) -> None:
-        """Sleep up to ``timeout``: woken early by a release of ``name`` or by the stop."""
+    def wait(self, timeout: float, watcher: Watcher | None) -> None:
+        """Sleep up to ``timeout``: woken early by a release the watcher sees, or the stop."""
         end = monotonic() + timeout
         self.interruptible = True
         try:
@@ -119,9 +121,9 @@ class Stop:
                 if left <= 0:
                     return
                 step = left if self.event is None else min(left, STOP_SLICE)
-                if listener is None:
+                if watcher is None:
                     time.sleep(step)
-                elif listener.wait(name, step):
+                elif watcher.wait(step):
                     return
         finally:
             self.interruptible = False
@@ -141,13 +143,15 @@ class Watch:
     def __init__(self, target: object, name: str, poll_interval: float | None) -> None:
         self.name = name
         self.link: Link = link(target)
-        self.listener: Listener | None = None
+        self.watcher: Watcher | None = None
         self.poll = poll_interval or (SQLITE_POLL if self.link.sqlite else POLL)
         self._recheck = FIRST_RECHECK
 
     def listen(self) -> None:
-        if not self.link.sqlite and self.listener is None:
-            self.listener = self.link.listen(self.name)
+        """Watch the name's releases on the process's hub (PostgreSQL; SQLite polls)."""
+        conninfo = self.link.listen_conninfo
+        if not self.link.sqlite and conninfo is not None and self.watcher is None:
+            self.watcher = hub.watch(conninfo, self.name)
 
     def read(self) -> LeaseRow | None:
         name = self.name
@@ -163,16 +167,13 @@ class Watch:
         else:
             self._recheck = FIRST_RECHECK
             pause = next_pause(row.expires_at, self.poll, left, FIRST_RECHECK)
-        try:
-            stop.wait(max(pause, 0.0), self.listener, self.name)
-        except ListenerLost:
-            self.listener = None  # polling from now on
+        stop.wait(max(pause, 0.0), self.watcher)
 
     def close(self) -> None:
-        listener, self.listener = self.listener, None
+        watcher, self.watcher = self.watcher, None
         try:
-            if listener is not None:
-                listener.close()
+            if watcher is not None:
+                watcher.close()
         finally:
             self.link.close()
 

@@ -17,8 +17,10 @@ from types import FrameType
 from typing import Any
 
 from pylease import _checks
+from pylease import _hub_async as hub
 from pylease._acompat import AEvent, monotonic
-from pylease._links_async import AsyncLink, AsyncListener, ListenerLost, link
+from pylease._hub_async import AsyncWatcher
+from pylease._links_async import AsyncLink, link
 from pylease._operations import LeaseRow
 from pylease._waiting_async import next_pause
 
@@ -125,14 +127,14 @@ class AsyncStop:
             if first and self.interruptible:
                 raise Shutdown(signum)
 
-    async def wait(self, timeout: float, listener: AsyncListener | None, name: str) -> None:
-        """Sleep up to ``timeout``: woken early by a release of ``name`` or by the stop."""
+    async def wait(self, timeout: float, watcher: AsyncWatcher | None) -> None:
+        """Sleep up to ``timeout``: woken early by a release the watcher sees, or the stop."""
         if True:  # ASYNC
             waits: list[Awaitable[Any]] = [self._own.wait()]
             if self.event is not None:
                 waits.append(self.event.wait())
-            if listener is not None:
-                waits.append(listener.wait(name, timeout))
+            if watcher is not None:
+                waits.append(watcher.wait(timeout))
             tasks = [asyncio.ensure_future(w) for w in waits]
             bound = None if math.isinf(timeout) else timeout
             try:
@@ -140,10 +142,7 @@ class AsyncStop:
             finally:
                 for task in tasks:
                     task.cancel()
-                results = await asyncio.gather(*tasks, return_exceptions=True)
-            for result in results:
-                if isinstance(result, ListenerLost):
-                    raise result
+                await asyncio.gather(*tasks, return_exceptions=True)
         else:
             end = monotonic() + timeout
             self.interruptible = True
@@ -153,9 +152,9 @@ class AsyncStop:
                     if left <= 0:
                         return
                     step = left if self.event is None else min(left, STOP_SLICE)
-                    if listener is None:
+                    if watcher is None:
                         time.sleep(step)
-                    elif listener.wait(name, step):
+                    elif watcher.wait(step):
                         return
             finally:
                 self.interruptible = False
@@ -175,13 +174,15 @@ class AsyncWatch:
     def __init__(self, target: object, name: str, poll_interval: float | None) -> None:
         self.name = name
         self.link: AsyncLink = link(target)
-        self.listener: AsyncListener | None = None
+        self.watcher: AsyncWatcher | None = None
         self.poll = poll_interval or (SQLITE_POLL if self.link.sqlite else POLL)
         self._recheck = FIRST_RECHECK
 
     async def listen(self) -> None:
-        if not self.link.sqlite and self.listener is None:
-            self.listener = await self.link.listen(self.name)
+        """Watch the name's releases on the process's hub (PostgreSQL; SQLite polls)."""
+        conninfo = self.link.listen_conninfo
+        if not self.link.sqlite and conninfo is not None and self.watcher is None:
+            self.watcher = await hub.watch(conninfo, self.name)
 
     async def read(self) -> LeaseRow | None:
         name = self.name
@@ -197,16 +198,13 @@ class AsyncWatch:
         else:
             self._recheck = FIRST_RECHECK
             pause = next_pause(row.expires_at, self.poll, left, FIRST_RECHECK)
-        try:
-            await stop.wait(max(pause, 0.0), self.listener, self.name)
-        except ListenerLost:
-            self.listener = None  # polling from now on
+        await stop.wait(max(pause, 0.0), self.watcher)
 
     async def close(self) -> None:
-        listener, self.listener = self.listener, None
+        watcher, self.watcher = self.watcher, None
         try:
-            if listener is not None:
-                await listener.close()
+            if watcher is not None:
+                watcher.close()
         finally:
             await self.link.close()
 

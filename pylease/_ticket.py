@@ -69,6 +69,8 @@ class Ticket:
         self.ttl = ttl.total_seconds()
         self.on_lost = on_lost
         self.expires = sent_at + self.ttl
+        # When its next renewal is due: each lease at the pace of its own ttl.
+        self.due = sent_at + self.interval
         self.renew_ttl: timedelta | None = ttl
         self.lost: LeaseLost | None = None
         self.renewals = 0
@@ -90,6 +92,7 @@ class Ticket:
         """A renewal sent at ``sent_at`` succeeded; ``granted``: the seconds the server
         gave it from its own now (None: the ttl)."""
         self.expires = max(self.expires, sent_at + (self.ttl if granted is None else granted))
+        self.due = sent_at + self.interval
         self.renewals += 1
 
     def __repr__(self) -> str:

@@ -402,7 +402,7 @@ async def _work_until_stopped(
     """
     if True:  # ASYNC
         task = asyncio.ensure_future(work(term))
-        stopper = asyncio.ensure_future(stopping.wait(math.inf, None, term.name))
+        stopper = asyncio.ensure_future(stopping.wait(math.inf, None))
         try:
             await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -93,7 +93,7 @@ NAMES = {
     "AsyncConnectionSource": "ConnectionSource",
     "AsyncSqliteSource": "SqliteSource",
     "AsyncRegistry": "Registry",
-    "AsyncListener": "Listener",
+    "AsyncWatcher": "Watcher",
     "AsyncHub": "Hub",
     "AsyncWaiter": "Waiter",
     "AsyncWait": "Wait",

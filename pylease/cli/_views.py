@@ -78,18 +78,17 @@ def _status_lines(
 
 def _watch(store: Store, name: str | None, wide: bool) -> None:
     """Redraw until Ctrl-C: woken by a release's NOTIFY on PostgreSQL, polling on SQLite."""
-    from pylease._links import Listener
+    from pylease import _hub
 
-    listener = None if store.sqlite else Listener.open(store.url, name or "")
+    # The process's one listener; one name's releases, or every name's.
+    watcher = None if store.sqlite else _hub.watch(store.url, name)
     stop = threading.Event()
 
     def wake(timeout: float) -> None:
-        conn = listener.conn if listener is not None else None
-        if conn is None:
+        if watcher is None:
             stop.wait(timeout)
-            return
-        for _ in conn.notifies(timeout=timeout, stop_after=1):
-            pass
+        else:
+            watcher.wait(timeout)
 
     try:
         with connect(store, "pylease status --watch") as (backend, conn):
@@ -104,8 +103,8 @@ def _watch(store: Store, name: str | None, wide: bool) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        if listener is not None:
-            listener.close()
+        if watcher is not None:
+            watcher.close()
 
 
 @command()

@@ -49,15 +49,20 @@ def test_each_database_gets_its_own_statement_per_tick(fresh_db: Any, pg_templat
             admin.close()
 
 
-def test_a_long_lease_is_renewed_with_the_short_ones(conn: Conn, dsn: str) -> None:
+def test_each_lease_is_renewed_at_the_pace_of_its_own_ttl(conn: Conn, dsn: str) -> None:
     with (
         psycopg.Connection.connect(dsn, autocommit=True) as other,
-        lease(conn, "short", ttl=0.3) as short,
-        lease(conn, "long", ttl=60) as long,
+        lease(conn, "short", ttl=1.5) as short,
+        lease(conn, "long", ttl=600) as long,
     ):
         assert wait_until(lambda: short._ticket.renewals >= 3)
-        # One statement renews both: the long lease rides along with the short one.
-        assert long._ticket.renewals >= 2
+        # The long lease is not renewed at the short one's pace: as the database sees it,
+        # its row was never renewed while the short one's was, three times.
+        cur = other.execute(
+            "SELECT name, renewed_at > acquired_at FROM lease_status() ORDER BY name"
+        )
+        assert cur.fetchall() == [("long", False), ("short", True)]
+        assert long._ticket.renewals == 0
         assert claim(other, "short") is None and claim(other, "long") is None
 
 

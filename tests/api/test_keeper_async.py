@@ -56,15 +56,20 @@ async def test_each_database_gets_its_own_statement_per_tick(
             admin.close()
 
 
-async def test_a_long_lease_is_renewed_with_the_short_ones(aconn: AConn, dsn: str) -> None:
+async def test_each_lease_is_renewed_at_the_pace_of_its_own_ttl(aconn: AConn, dsn: str) -> None:
     async with (
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other,
-        alease(aconn, "short", ttl=0.3) as short,
-        alease(aconn, "long", ttl=60) as long,
+        alease(aconn, "short", ttl=1.5) as short,
+        alease(aconn, "long", ttl=600) as long,
     ):
         assert await asleep_until(lambda: short._ticket.renewals >= 3)
-        # One statement renews both: the long lease rides along with the short one.
-        assert long._ticket.renewals >= 2
+        # The long lease is not renewed at the short one's pace: as the database sees it,
+        # its row was never renewed while the short one's was, three times.
+        cur = await other.execute(
+            "SELECT name, renewed_at > acquired_at FROM lease_status() ORDER BY name"
+        )
+        assert await cur.fetchall() == [("long", False), ("short", True)]
+        assert long._ticket.renewals == 0
         assert await aclaim(other, "short") is None and await aclaim(other, "long") is None
 
 
