@@ -167,9 +167,12 @@ class _Group:
         self.clock: tuple[float, datetime] | None = None
 
     def due(self, now: float) -> list[Ticket]:
-        """The tickets to renew in a tick at ``now``: those due, and those within half
-        their interval of it (renewed a little early rather than by a tick of their own)."""
-        return [t for t in self.tickets if t.due - now <= t.interval / 2]
+        """The tickets to renew in a tick at ``now``: each one due before the group's
+        next tick would come, so a lease is renewed a little early rather than by a
+        statement of its own, and one of a long ttl is not renewed at a short one's pace
+        (leases of one ttl are all renewed by every tick, as they always were)."""
+        horizon = now + min(t.interval for t in self.tickets)
+        return [t for t in self.tickets if t.due <= horizon]
 
     def next_due(self) -> float:
         return min(t.due for t in self.tickets)
