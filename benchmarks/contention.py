@@ -143,15 +143,15 @@ def quiet() -> None:
     would be (see :func:`worker`): left open, the workers of the last run would tax
     the next one, and one worker would be measured among fifteen idle listeners.
     """
-    from pylease import _waiting
+    from pylease import _hub
 
-    linger, _waiting.LINGER = _waiting.LINGER, 0.0
+    linger, _hub.LINGER = _hub.LINGER, 0.0
     try:
         deadline = time.monotonic() + 5
-        while _waiting._hubs() and time.monotonic() < deadline:
+        while _hub._hubs() and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
-        _waiting.LINGER = linger
+        _hub.LINGER = linger
 
 
 class Workers:

@@ -1,7 +1,14 @@
-"""pylease: leases (locks with an expiry) arbitrated by PostgreSQL, with fence tokens."""
+"""pylease: leases (locks with an expiry) arbitrated by PostgreSQL, with fence tokens.
 
-from pylease._types import FOREVER, AsyncTarget, Duration, Target, Wait
-from pylease.decorators import exclusive
+The public names are imported on first use, so that ``import pylease`` (and the
+command line, which needs few of them) does not load asyncio or the database driver.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pylease.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -14,13 +21,63 @@ from pylease.errors import (
     ReadOnlyServer,
     SchemaMissing,
 )
-from pylease.leadership import current_leader, leader, run_as_leader, watch_leader
-from pylease.leadership_async import acurrent_leader, aleader, arun_as_leader, awatch_leader
-from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
-from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
-from pylease.schema import schema_sql
+
+if TYPE_CHECKING:
+    from pylease._types import FOREVER, AsyncTarget, Duration, Target, Wait
+    from pylease.decorators import exclusive
+    from pylease.leadership import current_leader, leader, run_as_leader, watch_leader
+    from pylease.leadership_async import (
+        acurrent_leader,
+        aleader,
+        arun_as_leader,
+        awatch_leader,
+    )
+    from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
+    from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
+    from pylease.schema import schema_sql
 
 __version__ = "0.1.0"
+
+# Where each lazily imported public name lives.
+_HOMES = {
+    "FOREVER": "pylease._types",
+    "AsyncTarget": "pylease._types",
+    "Duration": "pylease._types",
+    "Target": "pylease._types",
+    "Wait": "pylease._types",
+    "exclusive": "pylease.decorators",
+    "current_leader": "pylease.leadership",
+    "leader": "pylease.leadership",
+    "run_as_leader": "pylease.leadership",
+    "watch_leader": "pylease.leadership",
+    "acurrent_leader": "pylease.leadership_async",
+    "aleader": "pylease.leadership_async",
+    "arun_as_leader": "pylease.leadership_async",
+    "awatch_leader": "pylease.leadership_async",
+    "Held": "pylease.leasing",
+    "Outcome": "pylease.leasing",
+    "keep_fresh": "pylease.leasing",
+    "lease": "pylease.leasing",
+    "run_exclusive": "pylease.leasing",
+    "akeep_fresh": "pylease.leasing_async",
+    "alease": "pylease.leasing_async",
+    "arun_exclusive": "pylease.leasing_async",
+    "schema_sql": "pylease.schema",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pylease' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "FOREVER",

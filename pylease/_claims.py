@@ -1,4 +1,5 @@
-"""The claims live in this process, by name and holder: one holder names one claim.
+"""The claims live in this process, by name and holder (one holder names one claim), and the
+default holder that makes each claim its own.
 
 Two live leases of the same name with the same holder would both believe they hold
 it, with the same fence, and the first to leave would release it under the other
@@ -10,6 +11,8 @@ parent's leases).
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import threading
 
 from pylease.errors import InvalidArgument
@@ -50,3 +53,16 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+_holder_prefix: tuple[int, str] | None = None
+
+
+def default_holder() -> str:
+    """``host:pid:<128 random bits>``: unique per claim, readable by humans."""
+    global _holder_prefix
+    pid = os.getpid()
+    if _holder_prefix is None or _holder_prefix[0] != pid:
+        # The host name is asked once per process (it is a system call per claim).
+        _holder_prefix = (pid, f"{socket.gethostname()}:{pid}:")
+    return _holder_prefix[1] + secrets.token_hex(16)

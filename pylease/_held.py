@@ -9,13 +9,11 @@ does I/O.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 from datetime import datetime, timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from pylease import _checks, _log
+from pylease._claims import default_holder as default_holder
 from pylease._operations import LeaseEvent, LeaseRow
 from pylease._ticket import Ticket
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
@@ -23,19 +21,6 @@ from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
 T = TypeVar("T")
 
 logger = logging.getLogger("pylease")
-
-
-_holder_prefix: tuple[int, str] | None = None
-
-
-def default_holder() -> str:
-    """``host:pid:<128 random bits>``: unique per claim, readable by humans."""
-    global _holder_prefix
-    pid = os.getpid()
-    if _holder_prefix is None or _holder_prefix[0] != pid:
-        # The host name is asked once per process (it is a system call per claim).
-        _holder_prefix = (pid, f"{socket.gethostname()}:{pid}:")
-    return _holder_prefix[1] + secrets.token_hex(16)
 
 
 class Outcome(NamedTuple, Generic[T]):

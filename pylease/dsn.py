@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from psycopg import conninfo
-
 from pylease.errors import ConfigurationError
 
 ENV_VARS = ("PYLEASE_DSN", "DATABASE_URL")
@@ -89,6 +87,9 @@ def parse(dsn: str, source: str | None = None) -> dict[str, str]:
     :raises ConfigurationError: if malformed, with libpq's reason (any password in it
         replaced by ``***``) and, when given, where the string came from.
     """
+    # Imported here: a command on SQLite starts without loading the driver.
+    from psycopg import conninfo
+
     try:
         params = conninfo.conninfo_to_dict(normalize(dsn))
     except Exception as exc:
@@ -125,6 +126,8 @@ def redact_reason(reason: str, dsn: str) -> str:
 
 def redact(dsn: str) -> str:
     """The connection string with any password replaced, for messages and logs."""
+    from psycopg import conninfo
+
     try:
         params = conninfo.conninfo_to_dict(normalize(dsn))
     except Exception:
@@ -142,6 +145,8 @@ def with_schema(dsn: str, schema: str) -> str:
     Behind PgBouncer, which refuses ``options``, set the role's search_path instead
     (``ALTER ROLE app SET search_path = leases``).
     """
+    from psycopg import conninfo
+
     params = parse(dsn)
     quoted = '"' + schema.replace('"', '""') + '"'
     path = "-c search_path=" + quoted.replace("\\", "\\\\").replace(" ", "\\ ")

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from pylease import durations
+from pylease._claims import default_holder
 from pylease._operations import LeaseRow
 from pylease.cli import _render
 from pylease.cli._app import command
@@ -37,7 +38,6 @@ from pylease.cli._render import Busy
 from pylease.errors import (
     LeaseBusy,
 )
-from pylease.leasing import default_holder
 
 
 @command()

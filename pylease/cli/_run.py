@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from pylease import dsn as dsn_mod
+from pylease._claims import default_holder
 from pylease.cli import _child, _render
 from pylease.cli._app import command, stderr_log
 from pylease.cli._database import Store, connect, find_store, server_clock, server_now, where
@@ -30,7 +31,6 @@ from pylease.errors import (
     LeaseBusy,
     PyleaseError,
 )
-from pylease.leasing import default_holder
 
 # Commands, in the order a newcomer needs them ------------------------------------
 
