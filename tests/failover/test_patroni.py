@@ -33,7 +33,7 @@ import pytest
 
 from pylease import DatabaseUnavailable, LeaseBusy, LeaseLost, PyleaseError, lease
 from tests.support.fenced_command import FENCED_WRITE
-from tests.support.patroni import BOUND, Cluster, Node, cluster, wait_until
+from tests.support.patroni import BOUND, MAXIMUM_LAG, TTL, Cluster, Node, cluster, wait_until
 from tests.witness import Witness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +43,8 @@ SHORT_TTL = 6.0
 # Longer than a failover takes here (about 10-20 s), so its keeper rides it out.
 LONG_TTL = 60.0
 HOLD = 0.4
+# A waiter's wait that outlasts Patroni's leader key by as much again.
+WAITER_WAIT = 2.0 * TTL
 
 
 def say(line: str) -> None:
@@ -197,7 +199,7 @@ class Workload:
             return len(self.grants) + len(self.writes)
 
 
-def verdict(final: Node, work: Workload, witness: Witness, *, synchronous: bool) -> None:
+def verdict(final: Node, work: Workload, witness: Witness, *, nothing_lost: bool) -> None:
     """The promises, checked on the final leader; see the module docstring."""
     witness.assert_sound()
     names = [*work.names, work.keeper]
@@ -225,7 +227,7 @@ def verdict(final: Node, work: Workload, witness: Witness, *, synchronous: bool)
         assert fence >= newest.get(name, 0), f"stale write accepted: {row_id} {name} {fence}"
         newest[name] = fence
         assert by_fence.get((name, fence)) in (None, {holder}), (row_id, name, holder, fence)
-    if synchronous:
+    if nothing_lost:
         kept = {(n, h, f) for n, h, f in history}
         missing = [g for g in work.grants if g not in kept]
         assert not missing, f"acknowledged grants lost in the failover: {missing}"
@@ -297,7 +299,7 @@ def test_switchover_loses_nothing_and_the_keepers_keep_their_leases(
             run.communicate()
     assert run.returncode == 0, (out, err)
     say(f"switchover: {took:.1f}s from the request to a new leader taking writes")
-    verdict(new, work, witness, synchronous=True)
+    verdict(new, work, witness, nothing_lost=True)
     # The long leases rode it out: the first tenure lasted to the end, never lost.
     assert work.kept[:1] == work.keeper_fences[:1], (work.keeper_fences, work.kept, work.lost)
     assert len(witness.grants(run_name)) == 1
@@ -338,7 +340,7 @@ def test_sigkill_of_the_leaders_postmaster(sync_cluster: Cluster, witness: Witne
     assert new.timeline() > old_timeline
     where = "the same node" if new is old else f"{new.name}"
     say(f"postmaster SIGKILL: {took:.1f}s to a leader taking writes again, on {where}")
-    verdict(new, work, witness, synchronous=True)
+    verdict(new, work, witness, nothing_lost=True)
     sync_cluster.wait_healthy()
 
 
@@ -363,9 +365,62 @@ def test_leader_cut_off_from_etcd_demotes_itself(sync_cluster: Cluster, witness:
     assert not old.is_primary()
     assert max(primaries) == 1, "two primaries at once"
     say(f"leader cut off from etcd: {took:.1f}s until another node took writes")
-    verdict(new, work, witness, synchronous=True)
+    verdict(new, work, witness, nothing_lost=True)
     sync_cluster.heal()
     sync_cluster.wait_healthy()
+
+
+def test_etcd_unreachable_without_failsafe_mode_no_node_takes_writes(
+    sync_cluster: Cluster, witness: Witness
+) -> None:
+    old = sync_cluster.wait_leader()
+    churn, keeper = names("etcd-down")
+    with Workload(sync_cluster, witness, churn, keeper) as work:
+        run_until("the workload to start", lambda: work.progress() > 20 and work.keeper_fences)
+        started = time.monotonic()
+        sync_cluster.etcd_unreachable()
+        # The leader cannot renew its key: it demotes itself rather than risk a second primary.
+        run_until("the leader to stop taking writes", lambda: not sync_cluster.primaries())
+        demoted = time.monotonic() - started
+        at = work.progress()
+        sync_cluster.heal()
+        new = sync_cluster.wait_leader()
+        back = time.monotonic() - started
+        run_until("the workload to go on", lambda: work.progress() > at + 20)
+    say(f"etcd unreachable, no failsafe_mode: the leader demoted after {demoted:.1f}s; "
+        f"{back - demoted:.1f}s from etcd answering again to a leader taking writes "
+        f"({'the same node' if new is old else 'another node'})")  # fmt: skip
+    verdict(new, work, witness, nothing_lost=True)
+
+
+def test_etcd_unreachable_with_failsafe_mode_the_leader_goes_on(
+    sync_cluster: Cluster, witness: Witness
+) -> None:
+    sync_cluster.patch_config(failsafe_mode=True)
+    try:
+        run_until("the failsafe topology in etcd", sync_cluster.failsafe_ready)
+        leader = sync_cluster.wait_leader()
+        churn, keeper = names("failsafe")
+        with Workload(sync_cluster, witness, churn, keeper) as work:
+            run_until("the workload to start", lambda: work.progress() > 20 and work.keeper_fences)
+            sync_cluster.etcd_unreachable()
+            active = lambda: sync_cluster.failsafe_active(leader)  # noqa: E731
+            run_until("failsafe mode to keep the leader", active)
+            # Past the leader key's expiry: without failsafe mode nobody would lead now.
+            run_until("the leader key to expire", lambda: sync_cluster.leader_key() is None)
+            at = len(work.grants)
+            run_until("grants while etcd is unreachable", lambda: len(work.grants) > at + 10)
+            assert sync_cluster.primaries() == [leader]
+            assert sync_cluster.failsafe_active(leader)
+            say(f"etcd unreachable, failsafe_mode: {leader.name} went on leading, "
+                f"{len(work.grants) - at} grants after its leader key expired")  # fmt: skip
+        sync_cluster.heal()
+    finally:
+        sync_cluster.heal()
+        sync_cluster.patch_config(failsafe_mode=False)
+    verdict(leader, work, witness, nothing_lost=True)
+    assert work.kept[:1] == work.keeper_fences[:1], (work.keeper_fences, work.kept, work.lost)
+    assert not work.lost
 
 
 # Asynchronous mode -------------------------------------------------------------------
@@ -417,6 +472,62 @@ def test_async_lag_loses_grants_their_holders_are_told_and_fences_stay_unique(
         assert len(told[name]) == 1 and "no longer ours" in told[name][0].reason, told[name]
     assert not new.query("SELECT 1 FROM lease_status() WHERE name = ANY(%s) AND fence < %s",
                          (lagging, floor(new.timeline())))  # fmt: skip
-    verdict(new, work, witness, synchronous=False)
+    verdict(new, work, witness, nothing_lost=False)
     async_cluster.heal()
     async_cluster.wait_healthy()
+
+
+def test_a_lag_above_maximum_lag_on_failover_promotes_nobody(
+    async_cluster: Cluster, witness: Witness
+) -> None:
+    old = async_cluster.wait_leader()
+    churn, keeper = names("max-lag")
+    primaries: list[int] = []
+    failed: list[BaseException] = []
+
+    def wait_for_the_keepers_lease() -> None:
+        try:
+            with lease(async_cluster.dsn, keeper, SHORT_TTL, wait=WAITER_WAIT, poll_interval=0.2):
+                pass
+        except BaseException as exc:
+            failed.append(exc)
+
+    with Workload(async_cluster, witness, churn, keeper) as work:
+        run_until("the workload to start", lambda: work.progress() > 20 and work.keeper_fences)
+        async_cluster.stop_replication_from(old)
+        # More WAL than maximum_lag_on_failover, which no standby receives.
+        old.query("CREATE TABLE IF NOT EXISTS ballast AS SELECT repeat('x', 1000) AS b "
+                  "FROM generate_series(1, 4000)")  # fmt: skip
+
+        def lagging() -> bool:
+            replicas = [m for m in async_cluster.members() if m.get("role") != "leader"]
+            return len(replicas) == 2 and all(
+                isinstance(m.get("lag"), int) and m["lag"] > MAXIMUM_LAG for m in replicas
+            )
+
+        run_until("Patroni to see both standbys lag", lagging)
+        # A waiter that reached the primary: from the crash on, it meets no primary.
+        waiter = threading.Thread(target=wait_for_the_keepers_lease, daemon=True)
+        waiter.start()
+        run_until(
+            "the waiter to wait",
+            lambda: old.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'pylease-listen'"
+            ),
+        )
+        old.kill()
+        while waiter.is_alive():
+            primaries.append(len(async_cluster.primaries()))
+            waiter.join(0.2)
+        members = async_cluster.members()
+        async_cluster.heal()
+        new = async_cluster.wait_leader()
+        at = work.progress()
+        run_until("the workload to go on", lambda: work.progress() > at + 20)
+    assert max(primaries) == 0, "a standby that lacked the primary's WAL was promoted"
+    assert not [m for m in members if m.get("role") == "leader"], members
+    assert len(failed) == 1 and isinstance(failed[0], DatabaseUnavailable), failed
+    assert new is old
+    say(f"lag above maximum_lag_on_failover: no promotion; the waiter failed with {failed[0]!r}")
+    # Nobody was promoted, so the restarted old primary still has everything it acknowledged.
+    verdict(new, work, witness, nothing_lost=True)

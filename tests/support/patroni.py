@@ -22,6 +22,7 @@ when a test fails or pytest is interrupted (``atexit``).
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import json
 import os
@@ -235,6 +236,9 @@ class Node:
                     "wal_receiver_status_interval": "1s",
                     "wal_retrieve_retry_interval": "200ms",
                     "synchronous_commit": "on",
+                    # In the data directory, not /dev/shm: a SIGKILLed server's segments
+                    # go away with the cluster's folder.
+                    "dynamic_shared_memory_type": "mmap",
                 },
             },
         }
@@ -542,6 +546,25 @@ class Cluster:
         for node in self.nodes:
             if not node.running():
                 node.start()
+
+    def leader_key(self) -> str | None:
+        """Who etcd itself names leader (read past the relays); None once the key expired."""
+        key = base64.b64encode(f"/pylease-tests/{self.scope}/leader".encode()).decode()
+        answer = _http(f"{self.etcd.url}/v3/kv/range", "POST", {"key": key})
+        kvs = answer.get("kvs") or []
+        return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+
+    def failsafe_ready(self) -> bool:
+        """Failsafe mode is on and the leader has written every member into /failsafe."""
+        leader = self.leader()
+        if leader is None or not self.config().get("failsafe_mode"):
+            return False
+        topology = _http(f"{leader.rest}/failsafe")
+        return isinstance(topology, dict) and set(topology) == {n.name for n in self.nodes}
+
+    def failsafe_active(self, node: Node) -> bool:
+        """``node`` runs as leader without etcd, by failsafe mode."""
+        return bool(_http(f"{node.rest}/patroni").get("failsafe_mode_is_active"))
 
     def set_synchronous(self, synchronous: bool) -> None:
         if self.config().get("synchronous_mode") != synchronous:
