@@ -37,6 +37,9 @@ from tests.support.patroni import BOUND, MAXIMUM_LAG, TTL, Cluster, Node, cluste
 from tests.witness import Witness
 
 ROOT = Path(__file__).resolve().parents[2]
+# A liveness bound: the first test also builds the cluster, which a loaded machine
+# may take a minute to do.
+pytestmark = pytest.mark.timeout(600)
 # Shorter than any unplanned failover here: such a lease is lost, and its holder
 # must be told before a contender is granted it on the new primary.
 SHORT_TTL = 6.0
@@ -446,16 +449,17 @@ def test_async_lag_loses_grants_their_holders_are_told_and_fences_stay_unique(
             witness.grant(name, held.holder, held.fence)
             stack.enter_context(witness.watching(held))
             held_in_lag.append(held)
-        issued = max(f for _n, _h, f in work.grants) if work.grants else 0
-        issued = max(issued, *(h.fence for h in held_in_lag))
         started = time.monotonic()
         old.kill()
+        # Every fence the old primary issued (nothing is granted until a promotion).
+        with work.lock:
+            issued = max([f for _n, _h, f in work.grants] + [h.fence for h in held_in_lag])
         new = async_cluster.wait_leader(other_than=old)
         took = time.monotonic() - started
         assert new.timeline() > timeline
         # Each lost grant is reported at its holder's first renewal on the new primary.
         for held in held_in_lag:
-            run_until(f"{held.name}'s holder to be told", lambda h=held: h.lost)  # type: ignore[misc]
+            run_until(f"{held.name}'s holder to be told", lambda h=held: h.lost)
         # Only then may anyone else have it: contenders on the new primary.
         for held in held_in_lag:
             with pytest.raises(LeaseLost):

@@ -326,7 +326,7 @@ class Node:
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.url, autocommit=True, connect_timeout=3) as conn:
-            cur = conn.execute(sql, params)  # type: ignore[arg-type]
+            cur = conn.execute(sql, params)
             return cur.fetchall() if cur.description else []
 
     def is_primary(self) -> bool:
