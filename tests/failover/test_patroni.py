@@ -202,10 +202,18 @@ class Workload:
             return len(self.grants) + len(self.writes)
 
 
-def verdict(final: Node, work: Workload, witness: Witness, *, nothing_lost: bool) -> None:
-    """The promises, checked on the final leader; see the module docstring."""
+def verdict(
+    final: Node, work: Workload, witness: Witness, *, nothing_lost: bool, also: tuple[str, ...] = ()
+) -> None:
+    """The promises, checked on the final leader; see the module docstring.
+
+    ``also``: names held outside the workload (whose grants the witness has).
+    """
     witness.assert_sound()
-    names = [*work.names, work.keeper]
+    names = [*work.names, work.keeper, *also]
+    for name in also:
+        for grant in witness.grants(name):
+            work.grants.append((name, grant.holder, int(grant.fields["fence"])))
     # No fence issued twice: not to the holders, not in the final leader's history.
     by_fence: dict[tuple[str, int], set[str]] = {}
     for name, holder, fence in work.grants:
@@ -286,6 +294,9 @@ def test_switchover_loses_nothing_and_the_keepers_keep_their_leases(
         with Workload(sync_cluster, witness, churn, keeper) as work:
             run_until("the workload to start", lambda: work.progress() > 20 and work.keeper_fences)
             run_until("pylease run to hold", lambda: witness.grants(run_name))
+            count = "SELECT count(*) FROM fenced_writes WHERE name = %s"
+            run_until("the command to write", lambda: old.query(count, (run_name,))[0][0])
+            before = old.query(count, (run_name,))[0][0]
             started = time.monotonic()
             sync_cluster.switchover(candidate)
             new = sync_cluster.wait_leader(other_than=old)
@@ -302,11 +313,11 @@ def test_switchover_loses_nothing_and_the_keepers_keep_their_leases(
             run.communicate()
     assert run.returncode == 0, (out, err)
     say(f"switchover: {took:.1f}s from the request to a new leader taking writes")
-    verdict(new, work, witness, nothing_lost=True)
+    verdict(new, work, witness, nothing_lost=True, also=(run_name,))
     # The long leases rode it out: the first tenure lasted to the end, never lost.
     assert work.kept[:1] == work.keeper_fences[:1], (work.keeper_fences, work.kept, work.lost)
     assert len(witness.grants(run_name)) == 1
-    assert new.query("SELECT count(*) FROM fenced_writes WHERE name = %s", (run_name,))[0][0] > 0
+    assert new.query(count, (run_name,))[0][0] > before  # its fence still held on the new primary
 
 
 def _crash_or_cut(
