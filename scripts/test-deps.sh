@@ -43,6 +43,12 @@ need sqlite3 have sqlite3
 need procps have pgrep
 # tests/integrations/test_celery.py uses the Redis on 127.0.0.1:6379 as broker, started there if absent.
 need redis-server have redis-server
+# tests/failover/test_patroni.py runs one etcd and three Patroni nodes of its own; Patroni
+# talks to etcd through python3-etcd (one of the DCS clients the package only recommends
+# as alternatives), with the system python3, not the venv's.
+need patroni have patroni
+need etcd-server have etcd
+need python3-etcd /usr/bin/python3 -c 'import etcd'
 
 if [ ${#missing[@]} -gt 0 ]; then
     command="apt-get install -y ${missing[*]}"
@@ -61,6 +67,16 @@ if [ ${#missing[@]} -gt 0 ]; then
             systemctl stop pgbouncer || true
         fi
         service pgbouncer stop >/dev/null 2>&1 || true
+    fi
+    # Debian's etcd-server starts an etcd on 2379 (patroni's units start only once
+    # configured); the tests start their own on free ports and want no other running.
+    if [[ " ${missing[*]} " == *" etcd-server "* || " ${missing[*]} " == *" patroni "* ]]; then
+        for service in etcd patroni; do
+            if command -v systemctl >/dev/null && systemctl is-active -q $service 2>/dev/null; then
+                systemctl stop $service || true
+            fi
+            service $service stop >/dev/null 2>&1 || true
+        done
     fi
 fi
 
