@@ -81,14 +81,6 @@ def to_thread(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-ashield = asyncio.shield
-
-
-def shield(value: T) -> T:
-    """A thread cannot be cancelled halfway through: nothing to shield."""
-    return value
-
-
 async def acondition_wait(cond: asyncio.Condition, timeout: float) -> bool:
     """Wait on ``cond`` (held) up to ``timeout`` seconds; False on timeout."""
     try:

@@ -58,8 +58,6 @@ logger = logging.getLogger("pylease")
 FIRST_BACKOFF = 0.05
 # How long stopping waits for a tick already under way for that lease.
 STOP_WAIT = 5.0
-# The shortest time a renewal is given before it counts as failed (tasks only).
-MIN_RENEW_TIME = 0.05
 # How long the keeper thread outlives its last lease, waiting for the next one: a
 # loop of short leases would otherwise start a thread for every one of them.
 LINGER = 1.0

@@ -47,11 +47,6 @@ def find(explicit: str | None, environ: Mapping[str, str] | None = None) -> Foun
     return Found(None, "default")
 
 
-def from_environment(explicit: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """``explicit``, else ``PYLEASE_DSN``, else ``DATABASE_URL``, read now; None if none is set."""
-    return find(explicit, environ).value
-
-
 def normalize(dsn: str) -> str:
     """``dsn`` in the form libpq reads: ``postgresql+psycopg://`` (SQLAlchemy's, common
     in ``DATABASE_URL``) becomes ``postgresql://``; anything else is returned as is."""

@@ -124,7 +124,6 @@ NAMES = {
     "AWorker": "Worker",
     "aspawn": "spawn",
     "asleep": "sleep",
-    "ashield": "shield",
     "ato_thread": "to_thread",
     "acondition_wait": "condition_wait",
     # the keeper's worker

@@ -108,18 +108,16 @@ def lease_options(
 ) -> Any:
     from pylease._held import options
 
-    opts = options(
+    return options(
         name,
         ttl,
         holder=holder,
-        wait=0,
+        wait=seconds(wait),
         heartbeat=True,
         on_lost=None,
         min_hold=min_hold,
         poll_interval=None,
     )
-    # _validate caps a wait at 366 days; ``--wait forever`` has no deadline at all.
-    return opts._replace(wait=seconds(wait))
 
 
 def width(wide: bool) -> int | None:

@@ -27,14 +27,12 @@ class Abandon:
             self._fd = None
         self._lock = threading.Lock()
         self._armed = True
-        self.fired = False
 
     def fire(self) -> None:
         with self._lock:
             if not self._armed or self._fd is None:
                 return
             self._armed = False
-            self.fired = True
             # On a duplicate: shutdown() acts on the socket itself, and the driver
             # keeps its own descriptor to close as usual.
             try:
