@@ -15,8 +15,8 @@ notified, at the leader's expiry, every ``poll_interval`` (a steal), and, after 
 nobody lead, again and again at 10 ms, 20 ms, 40 ms, ... (a standby usually takes over
 within milliseconds of a release). ``docs/leader-election.md`` has the numbers.
 
-The sync module is generated from this one by ``tools/async_to_sync.py``; deliberate
-differences live in ``if True:  # ASYNC`` blocks.
+Where the two twins differ (the ``if True:  # ASYNC`` blocks): on an event loop the
+work runs in a task that the stop cancels; in a thread a signal interrupts it.
 """
 
 from __future__ import annotations
@@ -331,10 +331,11 @@ def _lead(
 
 
 def _work_until_stopped(work: Callable[[Held], object], term: Held, stopping: Stop) -> None:
-    """Await ``work(term)`` in a task of its own, cancelled when the stop comes first.
+    """Run ``work(term)`` until it returns, or until the stop comes first.
 
-    The term's own loss cancels the task running this (``lease``'s rule), and with it
-    the work's task, since it is awaited here.
+    On an event loop the work runs in a task of its own, cancelled by the stop; the
+    term's own loss cancels the task running this (the lease's rule), and with it the
+    work's. In a thread, SIGTERM or SIGINT interrupts it (:class:`Shutdown`).
     """
     stopping.interruptible = True
     try:
