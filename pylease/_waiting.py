@@ -70,6 +70,18 @@ MAX_OUTAGE = 1.0
 NAP = 60.0
 # A head's busy claim reads the status with it at most this often (see the docstring).
 STATUS_FRESH = 1.0
+# A wait that can be stopped looks at its stop this often.
+STOP_SLICE = 0.2
+
+
+class Stop(Protocol):
+    """What ends a wait early besides a grant and its deadline (a leader's campaign's stop)."""
+
+    def is_set(self) -> bool: ...
+
+
+class WaitStopped(Exception):
+    """The wait's stop was set before it was granted."""
 
 
 class Attempt(Protocol):
@@ -185,10 +197,11 @@ class Wait:
         opts: Options,
         *,
         want_holder: bool,
-        on_busy: Callable[[Any], None] | None,
+        on_busy: Callable[[Any], object] | None,
+        stop: Stop | None = None,
     ) -> None:
         self.link, self.attempt, self.opts = link_, attempt, opts
-        self.want_holder, self.on_busy = want_holder, on_busy
+        self.want_holder, self.on_busy, self.stop = want_holder, on_busy, stop
         self.start = self.sent_at = monotonic()
         self.deadline = self.start + opts.wait
         self.waiter: Waiter | None = None
@@ -216,6 +229,8 @@ class Wait:
             self.waiter, self.retry = hub.enter(conninfo, name, seen)
         try:
             while True:
+                if self.stop is not None and self.stop.is_set():
+                    raise WaitStopped(name)
                 turn = self._turn()
                 if isinstance(turn, int):
                     return self._granted(turn)
@@ -239,8 +254,7 @@ class Wait:
         if self.want_holder or self.on_busy is not None:
             rows = self.link.run(self.attempt.status, name=self.attempt.name)
             holding = current_holder(rows)[0]
-            if self.on_busy is not None:
-                self.on_busy(rows[0] if rows else None)
+            self._report(rows)
         raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0)
 
     def _turn(self) -> int | _Turn:
@@ -304,9 +318,15 @@ class Wait:
                 rows = self.link.run(self.attempt.status, name=name)
             self.current, self.expires_at = current_holder(rows)
             self.status_at = self.sent_at
-            if self.on_busy is not None:
-                self.on_busy(rows[0] if rows else None)
+            self._report(rows)
         return None
+
+    def _report(self, rows: list[LeaseRow]) -> None:
+        """Show ``on_busy`` the row that stood in the way (None if it vanished)."""
+        if self.on_busy is None:
+            return
+        row = rows[0] if rows else None
+        self.on_busy(row)
 
     def _past_deadline(self) -> bool:
         """True when one last attempt is due; raises LeaseBusy after it."""
@@ -324,16 +344,20 @@ class Wait:
         if waiter is not None and not waiter.head:
             # Not first in line: the head claims for this process; wait our turn
             # (in naps: a wait may have no deadline).
-            self.retry = waiter.sleep(min(self.deadline - now, NAP))
+            self.retry = waiter.sleep(self._sliced(min(self.deadline - now, NAP)))
             if self.retry and not waiter.head and monotonic() < self.deadline:
                 self.retry = False  # only a nap ended
             return
-        pause = self._pause_length(now)
+        pause = self._sliced(self._pause_length(now))
         if waiter is None:
             sleep(pause)
             self.retry = True
         else:
             self.retry = waiter.sleep(pause)
+
+    def _sliced(self, pause: float) -> float:
+        """A pause short enough to notice the stop, when there is one."""
+        return pause if self.stop is None else min(pause, STOP_SLICE)
 
     def _pause_length(self, now: float) -> float:
         waiter, poll_interval = self.waiter, self.opts.poll_interval
@@ -364,12 +388,18 @@ def acquire(
     holder: str,
     *,
     want_holder: bool,
-    on_busy: Callable[[Any], None] | None = None,
+    on_busy: Callable[[Any], object] | None = None,
+    stop: Stop | None = None,
 ) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
-    ``on_busy(row)`` is called after every busy attempt that read the status row that
-    stood in the way (None if it vanished), the last one before LeaseBusy included.
+    ``on_busy(row)`` is called (and awaited, if it returns an awaitable) after every
+    busy attempt that read the status row that stood in the way (None if it vanished),
+    the last one before LeaseBusy included; with ``on_busy`` every attempt reads it.
+
+    :raises LeaseBusy: the wait ran out.
+    :raises WaitStopped: ``stop`` was set first.
     """
     attempt = LeaseClaim(opts.name, opts.ttl, holder)
-    return Wait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy).run()
+    wait = Wait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
+    return wait.run()

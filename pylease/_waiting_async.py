@@ -36,6 +36,7 @@ poll, with short sleeps that grow.
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import random
 from collections.abc import Callable
@@ -69,6 +70,18 @@ MAX_OUTAGE = 1.0
 NAP = 60.0
 # A head's busy claim reads the status with it at most this often (see the docstring).
 STATUS_FRESH = 1.0
+# A wait that can be stopped looks at its stop this often.
+STOP_SLICE = 0.2
+
+
+class Stop(Protocol):
+    """What ends a wait early besides a grant and its deadline (a leader's campaign's stop)."""
+
+    def is_set(self) -> bool: ...
+
+
+class WaitStopped(Exception):
+    """The wait's stop was set before it was granted."""
 
 
 class Attempt(Protocol):
@@ -186,10 +199,11 @@ class AsyncWait:
         opts: Options,
         *,
         want_holder: bool,
-        on_busy: Callable[[Any], None] | None,
+        on_busy: Callable[[Any], object] | None,
+        stop: Stop | None = None,
     ) -> None:
         self.link, self.attempt, self.opts = link_, attempt, opts
-        self.want_holder, self.on_busy = want_holder, on_busy
+        self.want_holder, self.on_busy, self.stop = want_holder, on_busy, stop
         self.start = self.sent_at = monotonic()
         self.deadline = self.start + opts.wait
         self.waiter: AsyncWaiter | None = None
@@ -217,6 +231,8 @@ class AsyncWait:
             self.waiter, self.retry = await hub.enter(conninfo, name, seen)
         try:
             while True:
+                if self.stop is not None and self.stop.is_set():
+                    raise WaitStopped(name)
                 turn = await self._turn()
                 if isinstance(turn, int):
                     return self._granted(turn)
@@ -240,8 +256,7 @@ class AsyncWait:
         if self.want_holder or self.on_busy is not None:
             rows = await self.link.run(self.attempt.status, name=self.attempt.name)
             holding = current_holder(rows)[0]
-            if self.on_busy is not None:
-                self.on_busy(rows[0] if rows else None)
+            await self._report(rows)
         raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0)
 
     async def _turn(self) -> int | _Turn:
@@ -305,9 +320,20 @@ class AsyncWait:
                 rows = await self.link.run(self.attempt.status, name=name)
             self.current, self.expires_at = current_holder(rows)
             self.status_at = self.sent_at
-            if self.on_busy is not None:
-                self.on_busy(rows[0] if rows else None)
+            await self._report(rows)
         return None
+
+    async def _report(self, rows: list[LeaseRow]) -> None:
+        """Show ``on_busy`` the row that stood in the way (None if it vanished)."""
+        if self.on_busy is None:
+            return
+        row = rows[0] if rows else None
+        if True:  # ASYNC
+            result = self.on_busy(row)
+            if inspect.isawaitable(result):
+                await result
+        else:
+            self.on_busy(row)
 
     def _past_deadline(self) -> bool:
         """True when one last attempt is due; raises LeaseBusy after it."""
@@ -325,16 +351,20 @@ class AsyncWait:
         if waiter is not None and not waiter.head:
             # Not first in line: the head claims for this process; wait our turn
             # (in naps: a wait may have no deadline).
-            self.retry = await waiter.sleep(min(self.deadline - now, NAP))
+            self.retry = await waiter.sleep(self._sliced(min(self.deadline - now, NAP)))
             if self.retry and not waiter.head and monotonic() < self.deadline:
                 self.retry = False  # only a nap ended
             return
-        pause = self._pause_length(now)
+        pause = self._sliced(self._pause_length(now))
         if waiter is None:
             await asleep(pause)
             self.retry = True
         else:
             self.retry = await waiter.sleep(pause)
+
+    def _sliced(self, pause: float) -> float:
+        """A pause short enough to notice the stop, when there is one."""
+        return pause if self.stop is None else min(pause, STOP_SLICE)
 
     def _pause_length(self, now: float) -> float:
         waiter, poll_interval = self.waiter, self.opts.poll_interval
@@ -365,12 +395,18 @@ async def acquire(
     holder: str,
     *,
     want_holder: bool,
-    on_busy: Callable[[Any], None] | None = None,
+    on_busy: Callable[[Any], object] | None = None,
+    stop: Stop | None = None,
 ) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
-    ``on_busy(row)`` is called after every busy attempt that read the status row that
-    stood in the way (None if it vanished), the last one before LeaseBusy included.
+    ``on_busy(row)`` is called (and awaited, if it returns an awaitable) after every
+    busy attempt that read the status row that stood in the way (None if it vanished),
+    the last one before LeaseBusy included; with ``on_busy`` every attempt reads it.
+
+    :raises LeaseBusy: the wait ran out.
+    :raises WaitStopped: ``stop`` was set first.
     """
     attempt = LeaseClaim(opts.name, opts.ttl, holder)
-    return await AsyncWait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy).run()
+    wait = AsyncWait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
+    return await wait.run()

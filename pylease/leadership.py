@@ -5,9 +5,11 @@
 A leader is the holder of one lease; its term is the :class:`~pylease.Held` of that
 lease, the term number its fence. Nothing here is a second lease machine: a term is an
 :func:`~pylease.lease` (claimed, kept fresh by the process's keeper, released), and a
-standby is a waiter that LISTENs for the release and reads the row at its expiry.
+standby is a waiter of the wait engine (:mod:`pylease._waiting`), woken by the
+release through the process's hub and at the holder's expiry, one statement an attempt.
 
-How a change of leader is seen (``watch_leader``, ``on_new_leader``): a release
+How a change of leader is seen (``watch_leader``; ``on_new_leader`` also after each
+busy attempt of a candidate, from the row that stood in the way): a release
 sends ``NOTIFY pylease`` (the SQL API does that already), so a resignation wakes
 every watcher at once; a new grant sends nothing, so that a claim stays one cheap
 statement. A watcher therefore reads the row (one ``lease_status`` call) when
@@ -27,7 +29,7 @@ from collections.abc import Callable, Generator
 from types import TracebackType
 
 from pylease import _checks
-from pylease._acompat import Event, monotonic
+from pylease._acompat import Event
 from pylease._held import Held, callable_option, default_holder
 from pylease._links import check as check_target
 from pylease._links import link
@@ -45,7 +47,8 @@ from pylease._standby import (
     wait_seconds,
 )
 from pylease._types import Duration, Target, Wait
-from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
+from pylease._waiting import WaitStopped
+from pylease.errors import InvalidArgument, LeaseLost
 from pylease.leasing import Lease, lease
 
 
@@ -82,24 +85,19 @@ class Campaign:
         check_target(target, heartbeat_target)
 
     def term(self) -> Lease:
-        """One attempt at a term: a lease that does not wait (the campaign waits)."""
+        """A term's lease, which waits for the name through the wait engine."""
+        wait = self.wait
         cm = lease(
             self.target,
             self.name,
             self.ttl,
             holder=self.holder or default_holder(),
+            wait=wait,
             on_lost=self.on_lost,
             heartbeat_target=self.heartbeat_target,
+            poll_interval=self.poll_interval,
         )
-        cm.want_holder = False  # the campaign reads the row itself
         return cm
-
-    def attempt(self) -> tuple[Lease, Held] | None:
-        cm = self.term()
-        try:
-            return cm, cm.__enter__()
-        except LeaseBusy:
-            return None
 
     def run(
         self,
@@ -109,39 +107,29 @@ class Campaign:
     ) -> tuple[Lease, Held] | None:
         """Campaign until elected (the term's lease, entered), or None once ``stop`` is set.
 
+        A candidate is a waiter of the wait engine like any other (one statement per
+        attempt, woken by the hub); the observer is shown the row that stood in the
+        way after each busy attempt, and this term's own row once elected.
+
         :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
         """
-        start = monotonic()
-        deadline = start + self.wait
-        if observer is None and not stop.is_set():
-            won = self.attempt()
-            if won is not None:
-                return won
-        own = watch is None
-        watch_ = Watch(self.target, self.name, self.poll_interval) if own else watch
-        assert watch_ is not None
-        try:
-            # LISTEN before the claim, so that a release in between is not missed.
-            watch_.listen()
-            while not stop.is_set():
-                won = self.attempt()
-                if won is not None:
-                    if observer is not None:
-                        _announce(won, observer, watch_)
-                    return won
-                row = watch_.read()
-                if observer is not None:
-                    observer.see(row)
-                now = monotonic()
-                if now >= deadline:
-                    raise LeaseBusy(
-                        self.name, holder=None if row is None else row.holder, waited=now - start
-                    )
-                watch_.pause(row, stop, deadline)
+        if stop.is_set():
             return None
-        finally:
-            if own:
-                watch_.close()
+        cm = self.term()
+        cm.stop = stop
+        if observer is not None:
+
+            def seen(row: LeaseRow | None) -> None:
+                observer.see(None if row is None else leading([row]))
+
+            cm.on_busy = seen
+        try:
+            won = cm, cm.__enter__()
+        except WaitStopped:
+            return None
+        if observer is not None and watch is not None:
+            _announce(won, observer, watch)
+        return won
 
 
 def _announce(won: tuple[Lease, Held], observer: Observer, watch: Watch) -> None:

@@ -3,9 +3,11 @@
 A leader is the holder of one lease; its term is the :class:`~pylease.Held` of that
 lease, the term number its fence. Nothing here is a second lease machine: a term is an
 :func:`~pylease.alease` (claimed, kept fresh by the process's keeper, released), and a
-standby is a waiter that LISTENs for the release and reads the row at its expiry.
+standby is a waiter of the wait engine (:mod:`pylease._waiting_async`), woken by the
+release through the process's hub and at the holder's expiry, one statement an attempt.
 
-How a change of leader is seen (``awatch_leader``, ``on_new_leader``): a release
+How a change of leader is seen (``awatch_leader``; ``on_new_leader`` also after each
+busy attempt of a candidate, from the row that stood in the way): a release
 sends ``NOTIFY pylease`` (the SQL API does that already), so a resignation wakes
 every watcher at once; a new grant sends nothing, so that a claim stays one cheap
 statement. A watcher therefore reads the row (one ``lease_status`` call) when
@@ -27,7 +29,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
 
 from pylease import _checks
-from pylease._acompat import AEvent, monotonic
+from pylease._acompat import AEvent
 from pylease._held import Held, callable_option, default_holder
 from pylease._links_async import check as check_target
 from pylease._links_async import link
@@ -45,7 +47,8 @@ from pylease._standby_async import (
     wait_seconds,
 )
 from pylease._types import AsyncTarget, Duration, Wait
-from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
+from pylease._waiting_async import WaitStopped
+from pylease.errors import InvalidArgument, LeaseLost
 from pylease.leasing_async import AsyncLease, alease
 
 
@@ -82,15 +85,18 @@ class Campaign:
         check_target(target, heartbeat_target)
 
     def term(self) -> AsyncLease:
-        """One attempt at a term: a lease that does not wait (the campaign waits)."""
+        """A term's lease, which waits for the name through the wait engine."""
+        wait = self.wait
         if True:  # ASYNC
             cm = alease(
                 self.target,
                 self.name,
                 self.ttl,
                 holder=self.holder or default_holder(),
+                wait=wait,
                 on_lost=self.on_lost,
                 heartbeat_target=self.heartbeat_target,
+                poll_interval=self.poll_interval,
                 cancel_on_lost=self.cancel_on_lost,
             )
         else:
@@ -99,18 +105,12 @@ class Campaign:
                 self.name,
                 self.ttl,
                 holder=self.holder or default_holder(),
+                wait=wait,
                 on_lost=self.on_lost,
                 heartbeat_target=self.heartbeat_target,
+                poll_interval=self.poll_interval,
             )
-        cm.want_holder = False  # the campaign reads the row itself
         return cm
-
-    async def attempt(self) -> tuple[AsyncLease, Held] | None:
-        cm = self.term()
-        try:
-            return cm, await cm.__aenter__()
-        except LeaseBusy:
-            return None
 
     async def run(
         self,
@@ -120,39 +120,29 @@ class Campaign:
     ) -> tuple[AsyncLease, Held] | None:
         """Campaign until elected (the term's lease, entered), or None once ``stop`` is set.
 
+        A candidate is a waiter of the wait engine like any other (one statement per
+        attempt, woken by the hub); the observer is shown the row that stood in the
+        way after each busy attempt, and this term's own row once elected.
+
         :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
         """
-        start = monotonic()
-        deadline = start + self.wait
-        if observer is None and not stop.is_set():
-            won = await self.attempt()
-            if won is not None:
-                return won
-        own = watch is None
-        watch_ = AsyncWatch(self.target, self.name, self.poll_interval) if own else watch
-        assert watch_ is not None
-        try:
-            # LISTEN before the claim, so that a release in between is not missed.
-            await watch_.listen()
-            while not stop.is_set():
-                won = await self.attempt()
-                if won is not None:
-                    if observer is not None:
-                        await _announce(won, observer, watch_)
-                    return won
-                row = await watch_.read()
-                if observer is not None:
-                    await observer.see(row)
-                now = monotonic()
-                if now >= deadline:
-                    raise LeaseBusy(
-                        self.name, holder=None if row is None else row.holder, waited=now - start
-                    )
-                await watch_.pause(row, stop, deadline)
+        if stop.is_set():
             return None
-        finally:
-            if own:
-                await watch_.close()
+        cm = self.term()
+        cm.stop = stop
+        if observer is not None:
+
+            async def seen(row: LeaseRow | None) -> None:
+                await observer.see(None if row is None else leading([row]))
+
+            cm.on_busy = seen
+        try:
+            won = cm, await cm.__aenter__()
+        except WaitStopped:
+            return None
+        if observer is not None and watch is not None:
+            await _announce(won, observer, watch)
+        return won
 
 
 async def _announce(

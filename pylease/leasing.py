@@ -42,7 +42,7 @@ from pylease._links import check as check_target
 from pylease._log import released as log_released
 from pylease._ticket import Ticket, abandon, inherited
 from pylease._types import Duration, Target, Wait
-from pylease._waiting import acquire
+from pylease._waiting import Stop, acquire
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 
 T = TypeVar("T")
@@ -107,7 +107,8 @@ class Lease:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
-        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
+        self.on_busy: Callable[[Any], object] | None = None  # see acquire()
+        self.stop: Stop | None = None  # see acquire()
 
     def __enter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
@@ -124,7 +125,12 @@ class Lease:
             raise
         try:
             fence, sent_at = acquire(
-                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+                link_,
+                opts,
+                holder,
+                want_holder=self.want_holder,
+                on_busy=self.on_busy,
+                stop=self.stop,
             )
         except BaseException:
             self._link = None

@@ -45,7 +45,7 @@ from pylease._log import released as log_released
 from pylease._log import text as error_text
 from pylease._ticket import AsyncTicket, abandon, inherited
 from pylease._types import AsyncTarget, Duration, Wait
-from pylease._waiting_async import acquire
+from pylease._waiting_async import Stop, acquire
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 
 T = TypeVar("T")
@@ -110,7 +110,8 @@ class AsyncLease:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
-        self.on_busy: Callable[[Any], None] | None = None  # see acquire()
+        self.on_busy: Callable[[Any], object] | None = None  # see acquire()
+        self.stop: Stop | None = None  # see acquire()
         if True:  # ASYNC
             self._cancelling = 0
 
@@ -129,7 +130,12 @@ class AsyncLease:
             raise
         try:
             fence, sent_at = await acquire(
-                link_, opts, holder, want_holder=self.want_holder, on_busy=self.on_busy
+                link_,
+                opts,
+                holder,
+                want_holder=self.want_holder,
+                on_busy=self.on_busy,
+                stop=self.stop,
             )
         except BaseException:
             self._link = None

@@ -492,6 +492,7 @@ def test_waiters_standbys_and_watchers_of_a_process_share_one_listener(
     def standby() -> None:
         with leader(dsn, "scheduler", ttl=60, wait=LIVE):
             got.append("scheduler")
+            wait_until(lambda: "watched" in got)  # a term the watcher cannot miss
 
     def watcher() -> None:
         for info in watch_leader(dsn, "scheduler"):
@@ -500,8 +501,10 @@ def test_waiters_standbys_and_watchers_of_a_process_share_one_listener(
                 return
 
     with in_thread(waiter), in_thread(standby), in_thread(standby), in_thread(watcher):
-        wait_until(lambda: _hub.waiters("job") == 1)
-        wait_until(lambda: watchers() == 3)
+        # The standbys wait through the wait engine, as lease waiters do; the watcher of
+        # the leader is a watcher of the hub.
+        wait_until(lambda: _hub.waiters("job") == 1 and _hub.waiters("scheduler") == 2)
+        wait_until(lambda: watchers() == 1)
         assert listeners(conn) == 1
         conn.execute("SELECT lease_release('job', 'other')")
         conn.execute("SELECT lease_release('scheduler', 'other')")
