@@ -451,10 +451,11 @@ def test_default_holders_are_unique_per_claim(conn: Conn) -> None:
 
 def test_stopping_while_ticks_run_never_reports_a_loss(conn: Conn) -> None:
     seen: list[LeaseLost] = []
-    # Bodies end at every phase of the renewal cycle (ttl/3 = 0.1 s).
+    # Bodies end at every phase of the renewal cycle (ttl/3 = 0.4 s), with a ttl that a
+    # loaded machine's renewals do not outrun.
     for i in range(20):
-        with lease(conn, f"quick-{i}", ttl=0.3, on_lost=seen.append):
-            sleep(0.05 + (i % 7) * 0.03)
+        with lease(conn, f"quick-{i}", ttl=1.2, on_lost=seen.append):
+            sleep(0.05 + (i % 7) * 0.06)
     assert seen == []
     assert keeper().tickets() == []
 

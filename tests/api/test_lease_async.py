@@ -626,10 +626,11 @@ async def test_default_holders_are_unique_per_claim(aconn: AConn) -> None:
 
 async def test_stopping_while_ticks_run_never_reports_a_loss(aconn: AConn) -> None:
     seen: list[LeaseLost] = []
-    # Bodies end at every phase of the renewal cycle (ttl/3 = 0.1 s).
+    # Bodies end at every phase of the renewal cycle (ttl/3 = 0.4 s), with a ttl that a
+    # loaded machine's renewals do not outrun.
     for i in range(20):
-        async with alease(aconn, f"quick-{i}", ttl=0.3, on_lost=seen.append):
-            await asleep(0.05 + (i % 7) * 0.03)
+        async with alease(aconn, f"quick-{i}", ttl=1.2, on_lost=seen.append):
+            await asleep(0.05 + (i % 7) * 0.06)
     assert seen == []
     assert keeper().tickets() == []
 
