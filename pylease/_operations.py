@@ -49,6 +49,16 @@ RELEASE = Operation(
     ("name", "holder", "min_hold_seconds"),
     FLAG,
 )
+# The release of one tenure (contract 5.6): a late release of an earlier tenure then
+# changes nothing once the same holder holds the name again. A file of its own on
+# SQLite, so that release.sql keeps the parameters other languages bind.
+RELEASE_TENURE = Operation(
+    "release_tenure",
+    WRITE,
+    "SELECT lease_release(%s, %s, %s, %s)",
+    ("name", "holder", "min_hold_seconds", "fence"),
+    FLAG,
+)
 STEAL = Operation(
     "steal",
     GRANT,
@@ -99,6 +109,7 @@ OPERATIONS = (
     RENEW_MANY,
     RENEW_EACH,
     RELEASE,
+    RELEASE_TENURE,
     STEAL,
     HOLDS,
     STATUS,
@@ -156,13 +167,23 @@ class Operations:
         result: list[Renewal] = self._call(RENEW_EACH, params, None)
         return result
 
-    def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
+    def release(
+        self,
+        name: str,
+        holder: str,
+        min_hold: timedelta | None = None,
+        fence: int | None = None,
+    ) -> bool:
+        """Give the lease back if ``holder`` still holds it: with ``fence``, only that
+        tenure (None: whatever tenure the holder has)."""
         params = (
             _validate.key("name", name),
             _validate.key("holder", holder),
             _span("min_hold", min_hold),
         )
-        return bool(self._call(RELEASE, params, name))
+        if fence is None:
+            return bool(self._call(RELEASE, params, name))
+        return bool(self._call(RELEASE_TENURE, (*params, _validate.fence(fence)), name))
 
     def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)

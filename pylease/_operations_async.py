@@ -48,6 +48,16 @@ RELEASE = Operation(
     ("name", "holder", "min_hold_seconds"),
     FLAG,
 )
+# The release of one tenure (contract 5.6): a late release of an earlier tenure then
+# changes nothing once the same holder holds the name again. A file of its own on
+# SQLite, so that release.sql keeps the parameters other languages bind.
+RELEASE_TENURE = Operation(
+    "release_tenure",
+    WRITE,
+    "SELECT lease_release(%s, %s, %s, %s)",
+    ("name", "holder", "min_hold_seconds", "fence"),
+    FLAG,
+)
 STEAL = Operation(
     "steal",
     GRANT,
@@ -98,6 +108,7 @@ OPERATIONS = (
     RENEW_MANY,
     RENEW_EACH,
     RELEASE,
+    RELEASE_TENURE,
     STEAL,
     HOLDS,
     STATUS,
@@ -155,13 +166,23 @@ class AsyncOperations:
         result: list[Renewal] = await self._call(RENEW_EACH, params, None)
         return result
 
-    async def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
+    async def release(
+        self,
+        name: str,
+        holder: str,
+        min_hold: timedelta | None = None,
+        fence: int | None = None,
+    ) -> bool:
+        """Give the lease back if ``holder`` still holds it: with ``fence``, only that
+        tenure (None: whatever tenure the holder has)."""
         params = (
             _validate.key("name", name),
             _validate.key("holder", holder),
             _span("min_hold", min_hold),
         )
-        return bool(await self._call(RELEASE, params, name))
+        if fence is None:
+            return bool(await self._call(RELEASE, params, name))
+        return bool(await self._call(RELEASE_TENURE, (*params, _validate.fence(fence)), name))
 
     async def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)

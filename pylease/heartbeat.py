@@ -44,7 +44,7 @@ from pylease._log import renew_failed, tick_settled
 from pylease._ticket import LostCallback as LostCallback
 from pylease._ticket import Ticket, notify_lost
 from pylease._ticket import margin as margin
-from pylease.errors import LeaseLost
+from pylease.errors import LeaseLost, SchemaMissing
 from pylease.targets import Source
 
 logger = logging.getLogger("pylease")
@@ -295,14 +295,21 @@ class Keeper:
             "lease %r was abandoned (its Held collected inside its block): releasing it",
             ticket.name,
         )
-        name, holder = ticket.name, ticket.holder
+        name, holder, fence = ticket.name, ticket.holder, ticket.fence
 
         def give_back(b: Backend) -> bool:
+            return b.release(name, holder, None, fence)
+
+        def give_back_any(b: Backend) -> bool:
             return b.release(name, holder)
 
         try:
             # The source, never the caller's connection: that one may be in use.
-            group.source.run(give_back, name=name)
+            try:
+                group.source.run(give_back, name=name)
+            except SchemaMissing:
+                # A schema before pylease-0006 releases by holder only.
+                group.source.run(give_back_any, name=name)
         except Exception as exc:
             logger.warning("could not release abandoned lease %r: %s", name, exc)
         finally:

@@ -44,7 +44,7 @@ from pylease._log import renew_failed, tick_settled
 from pylease._ticket import AsyncTicket, Ticket, notify_lost
 from pylease._ticket import LostCallback as LostCallback
 from pylease._ticket import margin as margin
-from pylease.errors import LeaseLost
+from pylease.errors import LeaseLost, SchemaMissing
 from pylease.targets_async import AsyncSource
 
 if True:  # ASYNC
@@ -368,14 +368,21 @@ class AsyncKeeper:
             "lease %r was abandoned (its Held collected inside its block): releasing it",
             ticket.name,
         )
-        name, holder = ticket.name, ticket.holder
+        name, holder, fence = ticket.name, ticket.holder, ticket.fence
 
         async def give_back(b: AsyncBackend) -> bool:
+            return await b.release(name, holder, None, fence)
+
+        async def give_back_any(b: AsyncBackend) -> bool:
             return await b.release(name, holder)
 
         try:
             # The source, never the caller's connection: that one may be in use.
-            await group.source.run(give_back, name=name)
+            try:
+                await group.source.run(give_back, name=name)
+            except SchemaMissing:
+                # A schema before pylease-0006 releases by holder only.
+                await group.source.run(give_back_any, name=name)
         except Exception as exc:
             logger.warning("could not release abandoned lease %r: %s", name, exc)
         finally:

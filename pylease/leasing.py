@@ -50,7 +50,13 @@ from pylease._log import released as log_released
 from pylease._ticket import Ticket, abandon, inherited
 from pylease._types import Duration, Target, Wait
 from pylease._waiting import Waiter
-from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
+from pylease.errors import (
+    DatabaseUnavailable,
+    InvalidArgument,
+    LeaseBusy,
+    LeaseLost,
+    SchemaMissing,
+)
 from pylease.heartbeat import keeper, settle
 from pylease.targets import Link, link
 from pylease.targets import check as check_target
@@ -217,13 +223,21 @@ def release(
     link_: Link, ticket: Ticket, min_hold: timedelta | None
 ) -> tuple[bool | None, Exception | None]:
     """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
-    name, holder = ticket.name, ticket.holder
+    name, holder, fence = ticket.name, ticket.holder, ticket.fence
 
     def give_back(b: Backend) -> bool:
+        return b.release(name, holder, min_hold, fence)
+
+    def give_back_any(b: Backend) -> bool:
         return b.release(name, holder, min_hold)
 
     try:
-        ours = link_.run_release(give_back, name=name)
+        try:
+            ours = link_.run_release(give_back, name=name)
+        except SchemaMissing:
+            # A schema before pylease-0006 releases by holder only; a schema that is
+            # missing altogether fails here again.
+            ours = link_.run_release(give_back_any, name=name)
     except Exception as exc:
         return None, exc
     log_released(name, holder, ticket.fence, ours)

@@ -53,7 +53,13 @@ from pylease._log import text as error_text
 from pylease._ticket import AsyncTicket, abandon, inherited
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease._waiting_async import AsyncWaiter
-from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseBusy, LeaseLost
+from pylease.errors import (
+    DatabaseUnavailable,
+    InvalidArgument,
+    LeaseBusy,
+    LeaseLost,
+    SchemaMissing,
+)
 from pylease.heartbeat_async import keeper, settle
 from pylease.targets_async import AsyncLink, link
 from pylease.targets_async import check as check_target
@@ -222,13 +228,21 @@ async def release(
     link_: AsyncLink, ticket: AsyncTicket, min_hold: timedelta | None
 ) -> tuple[bool | None, Exception | None]:
     """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
-    name, holder = ticket.name, ticket.holder
+    name, holder, fence = ticket.name, ticket.holder, ticket.fence
 
     async def give_back(b: AsyncBackend) -> bool:
+        return await b.release(name, holder, min_hold, fence)
+
+    async def give_back_any(b: AsyncBackend) -> bool:
         return await b.release(name, holder, min_hold)
 
     try:
-        ours = await link_.run_release(give_back, name=name)
+        try:
+            ours = await link_.run_release(give_back, name=name)
+        except SchemaMissing:
+            # A schema before pylease-0006 releases by holder only; a schema that is
+            # missing altogether fails here again.
+            ours = await link_.run_release(give_back_any, name=name)
     except Exception as exc:
         return None, exc
     log_released(name, holder, ticket.fence, ours)
