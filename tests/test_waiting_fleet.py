@@ -178,9 +178,7 @@ with lease(sys.argv[1], "job", ttl=60, wait=60) as held:
 """
 
 
-def test_a_release_wakes_one_waiting_process_and_each_is_granted_once(
-    dsn: str, conn: Conn
-) -> None:
+def test_a_release_wakes_one_waiting_process_and_each_is_granted_once(dsn: str, conn: Conn) -> None:
     # Eight processes wait for one name: each queues itself in pylease_waiters, and
     # only the first in line claims on a release, where all eight used to. The order
     # in which processes are granted is not promised; that each is granted, once, is.
