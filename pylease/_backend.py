@@ -12,7 +12,7 @@ protocol of both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +26,7 @@ from pylease._operations import (
     HOLDS,
     PRUNE_HISTORY,
     RELEASE,
+    RELEASE_TENURE,
     RENEW,
     RENEW_EACH,
     RENEW_MANY,
@@ -39,6 +40,7 @@ from pylease._operations import (
     Operation,
     Renewal,
 )
+from pylease.errors import SchemaMissing
 
 
 def _key(name: object) -> str | None:
@@ -89,13 +91,23 @@ class Backend:
         result: list[Renewal] = self._call(RENEW_EACH, params, None)
         return result
 
-    def release(self, name: str, holder: str, min_hold: timedelta | None = None) -> bool:
+    def release(
+        self,
+        name: str,
+        holder: str,
+        min_hold: timedelta | None = None,
+        fence: int | None = None,
+    ) -> bool:
+        """Give the lease back if ``holder`` still holds it: with ``fence``, only that
+        tenure (None: whatever tenure the holder has)."""
         params = (
             _checks.key("name", name),
             _checks.key("holder", holder),
             _span("min_hold", min_hold),
         )
-        return bool(self._call(RELEASE, params, name))
+        if fence is None:
+            return bool(self._call(RELEASE, params, name))
+        return bool(self._call(RELEASE_TENURE, (*params, _checks.fence(fence)), name))
 
     def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
@@ -185,3 +197,30 @@ class Backend:
     def unwait(self, name: str, waiter: str, granted: bool) -> None:
         """``lease_unwait``: leave the queue of waiting processes, waking the next one."""
         self._call(UNWAIT, (name, waiter, granted), name)
+
+
+def release_tenure(
+    run: Callable[[Callable[[Backend], bool]], bool],
+    name: str,
+    holder: str,
+    min_hold: timedelta | None,
+    fence: int | None,
+) -> bool:
+    """Release one tenure through ``run`` (a link's or a source's): a late release of an
+    earlier tenure then frees nothing. A schema before pylease-0006 has no such release,
+    so there it releases whatever tenure the holder has, in a statement of its own (as
+    it does when the fence is not known)."""
+
+    def give_back(b: Backend) -> bool:
+        return b.release(name, holder, min_hold, fence)
+
+    def give_back_any(b: Backend) -> bool:
+        return b.release(name, holder, min_hold)
+
+    if fence is None:
+        return run(give_back_any)
+    try:
+        return run(give_back)
+    except SchemaMissing:
+        # A schema missing altogether fails here again.
+        return run(give_back_any)

@@ -38,7 +38,7 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import Condition, Worker, condition_wait, monotonic, sleep, spawn
-from pylease._backend import Backend
+from pylease._backend import Backend, release_tenure
 from pylease._links import Source
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
@@ -323,12 +323,12 @@ class Keeper:
         )
         name, holder = ticket.name, ticket.holder
 
-        def give_back(b: Backend) -> bool:
-            return b.release(name, holder)
+        def run(op: Callable[[Backend], bool]) -> bool:
+            # The source, never the caller's connection: that one may be in use.
+            return group.source.run(op, name=name)
 
         try:
-            # The source, never the caller's connection: that one may be in use.
-            group.source.run(give_back, name=name)
+            release_tenure(run, name, holder, None, ticket.fence)
         except Exception as exc:
             logger.warning("could not release abandoned lease %r: %s", name, exc)
         finally:

@@ -38,7 +38,7 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
-from pylease._backend_async import AsyncBackend
+from pylease._backend_async import AsyncBackend, release_tenure
 from pylease._links_async import AsyncSource
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
@@ -396,12 +396,12 @@ class AsyncKeeper:
         )
         name, holder = ticket.name, ticket.holder
 
-        async def give_back(b: AsyncBackend) -> bool:
-            return await b.release(name, holder)
+        async def run(op: Callable[[AsyncBackend], Awaitable[bool]]) -> bool:
+            # The source, never the caller's connection: that one may be in use.
+            return await group.source.run(op, name=name)
 
         try:
-            # The source, never the caller's connection: that one may be in use.
-            await group.source.run(give_back, name=name)
+            await release_tenure(run, name, holder, None, ticket.fence)
         except Exception as exc:
             logger.warning("could not release abandoned lease %r: %s", name, exc)
         finally:

@@ -147,6 +147,16 @@ RELEASE = Operation(
     ("name", "holder", "min_hold_seconds"),
     FLAG,
 )
+# The release of one tenure (contract 5.6): a late release of an earlier tenure then
+# changes nothing once the same holder holds the name again. A file of its own on
+# SQLite, so that release.sql keeps the parameters other languages bind.
+RELEASE_TENURE = Operation(
+    "release_tenure",
+    WRITE,
+    "SELECT lease_release(%s, %s, %s, %s)",
+    ("name", "holder", "min_hold_seconds", "fence"),
+    FLAG,
+)
 STEAL = Operation(
     "steal",
     GRANT,
@@ -197,6 +207,7 @@ OPERATIONS = (
     RENEW_MANY,
     RENEW_EACH,
     RELEASE,
+    RELEASE_TENURE,
     STEAL,
     HOLDS,
     STATUS,

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from pylease import _claims
 from pylease._acompat import monotonic
-from pylease._backend import Backend
+from pylease._backend import Backend, release_tenure
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
@@ -57,11 +57,11 @@ def release(
     """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
     name, holder = ticket.name, ticket.holder
 
-    def give_back(b: Backend) -> bool:
-        return b.release(name, holder, min_hold)
+    def run(op: Callable[[Backend], bool]) -> bool:
+        return link_.run_release(op, name=name)
 
     try:
-        ours = link_.run_release(give_back, name=name)
+        ours = release_tenure(run, name, holder, min_hold, ticket.fence)
     except Exception as exc:
         return None, exc
     log_released(name, holder, ticket.fence, ours)

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from pylease import _claims
 from pylease._acompat import monotonic
-from pylease._backend_async import AsyncBackend
+from pylease._backend_async import AsyncBackend, release_tenure
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
@@ -60,11 +60,11 @@ async def release(
     """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
     name, holder = ticket.name, ticket.holder
 
-    async def give_back(b: AsyncBackend) -> bool:
-        return await b.release(name, holder, min_hold)
+    async def run(op: Callable[[AsyncBackend], Awaitable[bool]]) -> bool:
+        return await link_.run_release(op, name=name)
 
     try:
-        ours = await link_.run_release(give_back, name=name)
+        ours = await release_tenure(run, name, holder, min_hold, ticket.fence)
     except Exception as exc:
         return None, exc
     log_released(name, holder, ticket.fence, ours)

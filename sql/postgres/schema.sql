@@ -239,11 +239,12 @@ BEGIN
             PERFORM pylease_refuse_history(history);
         ELSIF NOT s_freed AND s_holder = lease_claim.holder THEN
             -- Still ours: a retried claim whose reply was lost keeps its fence
-            -- instead of looking busy.
+            -- instead of looking busy. Never earlier, as a renewal: another session
+            -- of this holder must not cut short what the owner was granted.
             UPDATE pylease_leases AS l
                SET ttl        = lease_claim.ttl,
                    renewed_at = t_now,
-                   expires_at = t_now + lease_claim.ttl
+                   expires_at = greatest(l.expires_at, t_now + lease_claim.ttl)
              WHERE l.name = lease_claim.name AND l.fence = s_fence
                AND l.holder = lease_claim.holder AND NOT l.released
             RETURNING l.fence INTO granted;
@@ -508,9 +509,75 @@ BEGIN
 END
 $$;
 
+-- Give back one tenure: as above, only if this holder still holds the lease and
+-- with this fence, so that a late release of an earlier tenure changes nothing once
+-- the same holder holds the name again. The fence has no DEFAULT: a call with two or
+-- three arguments, positional or named, still means the function above alone.
+CREATE FUNCTION lease_release(name text, holder text, min_hold interval, fence bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now   timestamptz;
+    freed   bigint;
+    notify  boolean;
+    history text;
+    ignored text;
+BEGIN
+    IF lease_release.name IS NULL OR lease_release.name = '' OR length(lease_release.name) > 200
+       OR lease_release.holder IS NULL OR lease_release.holder = ''
+       OR length(lease_release.holder) > 200
+       OR NOT isfinite(lease_release.min_hold) OR lease_release.min_hold < interval '0'
+       OR lease_release.min_hold > interval '366 days'
+       OR lease_release.fence IS NULL OR pg_is_in_recovery()
+    THEN
+        PERFORM pylease_check_key('name', lease_release.name);
+        PERFORM pylease_check_key('holder', lease_release.holder);
+        IF lease_release.min_hold IS NOT NULL THEN
+            PERFORM pylease_check_span('min_hold', lease_release.min_hold);
+        END IF;
+        IF lease_release.fence IS NULL THEN
+            RAISE EXCEPTION 'pylease: fence must not be NULL' USING ERRCODE = '22023', COLUMN = 'fence';
+        END IF;
+        PERFORM pylease_refuse_standby('lease_release');
+    END IF;
+
+    -- As in the function above: no flush while this transaction has written nothing.
+    ignored := CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+                    THEN set_config('synchronous_commit', 'off', true) END;
+
+    t_now := clock_timestamp();
+    UPDATE pylease_leases AS l
+       SET released   = true,
+           expires_at = CASE WHEN lease_release.min_hold IS NULL THEN t_now
+                             ELSE greatest(t_now, l.acquired_at + lease_release.min_hold) END,
+           releases   = l.releases + 1
+     WHERE l.name = lease_release.name AND l.holder = lease_release.holder
+       AND l.fence = lease_release.fence AND NOT l.released
+    RETURNING l.fence, l.expires_at <= t_now, current_setting('pylease.history', true)
+         INTO freed, notify, history;
+    IF freed IS NULL THEN
+        RETURN false;
+    ELSIF history IS NULL OR history IN ('', 'rare', 'none') THEN
+        NULL;
+    ELSIF history = 'all' THEN
+        INSERT INTO pylease_events (at, name, event, holder, fence)
+        VALUES (t_now, lease_release.name, 'released', lease_release.holder, freed);
+    ELSE
+        PERFORM pylease_refuse_history(history);
+    END IF;
+    IF notify THEN
+        ignored := pg_notify('pylease', lease_release.name);
+    END IF;
+    RETURN true;
+END
+$$;
+
 -- Take a lease whatever its state, when its holder last claimed or renewed at
 -- least older_than ago; on a free name, a claim. The new fence, or NULL. As in
--- lease_claim, the row is replaced only if it is still as read.
+-- lease_claim, the row is replaced only if it is still as read. From the holder the
+-- row names, the expiry never moves earlier: the earlier tenure's owner may still
+-- believe what it was granted.
 CREATE FUNCTION lease_steal(name text, ttl interval, holder text, older_than interval DEFAULT '0')
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
@@ -570,7 +637,9 @@ BEGIN
                ttl         = lease_steal.ttl,
                acquired_at = t_now,
                renewed_at  = t_now,
-               expires_at  = t_now + lease_steal.ttl,
+               expires_at  = CASE WHEN NOT s_freed AND s_holder = lease_steal.holder
+                                  THEN greatest(l.expires_at, t_now + lease_steal.ttl)
+                                  ELSE t_now + lease_steal.ttl END,
                released    = false,
                grants      = l.grants + 1,
                takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
@@ -719,6 +788,8 @@ COMMENT ON FUNCTION lease_renew_each(text[], text[], interval[]) IS
     'pylease: renew many leases in one statement with a ttl each; per element, in order: renewed, the expiry granted, the server''s clock.';
 COMMENT ON FUNCTION lease_release(text, text, interval) IS
     'pylease: give back a lease this holder still holds (free again at acquired_at + min_hold at the earliest); NOTIFY pylease when freed.';
+COMMENT ON FUNCTION lease_release(text, text, interval, bigint) IS
+    'pylease: give back the tenure with this fence if this holder still holds it; as lease_release(name, holder, min_hold) otherwise.';
 COMMENT ON FUNCTION lease_steal(text, interval, text, interval) IS
     'pylease: take a lease whatever its state when its holder last renewed at least older_than ago; the new fence or NULL.';
 COMMENT ON FUNCTION lease_holds(text, text, bigint) IS
@@ -746,17 +817,21 @@ CREATE TABLE pylease_waiters (
     UNIQUE (name, waiter)
 );
 CREATE INDEX pylease_waiters_name_id ON pylease_waiters (name, id);
+-- For the sweep of expired entries (of names nobody waits on any more) that
+-- lease_wait and lease_unwait end with.
+CREATE INDEX pylease_waiters_expires_at ON pylease_waiters (expires_at);
 
 COMMENT ON TABLE pylease_waiters IS
     'pylease: processes waiting for a lease, in arrival order; written only through lease_wait and lease_unwait.';
 
 -- Queue a waiter for a lease name, or refresh its expiry: true when it is the head
 -- (the first unexpired waiter), which alone claims again on a release. The expired
--- waiters of the name are removed.
+-- waiters of the name are removed, and a few expired ones of any name.
 CREATE FUNCTION lease_wait(name text, waiter text, ttl interval) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
+    head text;
 BEGIN
     PERFORM pylease_check_key('name', lease_wait.name);
     PERFORM pylease_check_key('waiter', lease_wait.waiter);
@@ -775,8 +850,15 @@ BEGIN
     VALUES (lease_wait.name, lease_wait.waiter, now_ + lease_wait.ttl)
     ON CONFLICT ON CONSTRAINT pylease_waiters_name_waiter_key
     DO UPDATE SET expires_at = excluded.expires_at;
-    RETURN (SELECT w.waiter FROM pylease_waiters AS w
-             WHERE w.name = lease_wait.name ORDER BY w.id LIMIT 1) = lease_wait.waiter;
+    -- An entry committed while the insert waited for a row may have expired since.
+    SELECT w.waiter INTO head FROM pylease_waiters AS w
+     WHERE w.name = lease_wait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
+    -- Last: the sweep waits for no row, and nothing after it waits while it holds some
+    -- (so two calls never wait for each other's).
+    DELETE FROM pylease_waiters AS w
+     WHERE w.id IN (SELECT x.id FROM pylease_waiters AS x WHERE x.expires_at <= now_
+                     ORDER BY x.expires_at LIMIT 16 FOR UPDATE SKIP LOCKED);
+    RETURN head = lease_wait.waiter;
 END
 $$;
 
@@ -784,12 +866,14 @@ $$;
 -- was the head, the new head is woken: NOTIFY pylease_waiters with the payload
 -- {"name": ..., "waiter": ..., "claim": ...}; claim is true unless the waiter
 -- leaves with the lease (granted), whose release will notify pylease as always.
+-- A few expired entries of any name are removed, as by lease_wait.
 CREATE FUNCTION lease_unwait(name text, waiter text, granted boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
     head text;
+    queued boolean;
 BEGIN
     PERFORM pylease_check_key('name', lease_unwait.name);
     PERFORM pylease_check_key('waiter', lease_unwait.waiter);
@@ -803,10 +887,8 @@ BEGIN
      WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
     DELETE FROM pylease_waiters AS w
      WHERE w.name = lease_unwait.name AND w.waiter = lease_unwait.waiter;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    IF head = lease_unwait.waiter THEN
+    queued := FOUND;
+    IF queued AND head = lease_unwait.waiter THEN
         SELECT w.waiter INTO head FROM pylease_waiters AS w
          WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
         IF head IS NOT NULL THEN
@@ -815,7 +897,11 @@ BEGIN
                                                 'claim', NOT coalesce(granted, false))::text);
         END IF;
     END IF;
-    RETURN true;
+    -- Last, as in lease_wait.
+    DELETE FROM pylease_waiters AS w
+     WHERE w.id IN (SELECT x.id FROM pylease_waiters AS x WHERE x.expires_at <= now_
+                     ORDER BY x.expires_at LIMIT 16 FOR UPDATE SKIP LOCKED);
+    RETURN queued;
 END
 $$;
 

@@ -10,7 +10,9 @@
 -- and is recorded in pylease_events by triggers as pylease_settings asks.
 -- Result: one row (fence INTEGER) when granted; no row when another holder's
 -- unexpired lease stands (a busy claim writes nothing). Claiming again as the
--- holder the row still names (not released) extends it and keeps the fence.
+-- holder the row still names (not released) extends it and keeps the fence; as a
+-- renewal, never earlier: the expiry becomes the later of the current one and now
+-- + ttl (the ttl is stored anyway).
 -- Bad arguments fail with "pylease: <parameter> must ..." (constraint error); a
 -- name whose fences are exhausted (2^63-1) with "pylease: fences exhausted ...".
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
@@ -26,7 +28,9 @@ SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_s
        holder      = excluded.holder,
        ttl         = excluded.ttl,
        renewed_at  = excluded.renewed_at,
-       expires_at  = excluded.expires_at,
+       expires_at  = CASE WHEN l.holder = excluded.holder AND NOT l.released
+                          THEN max(l.expires_at, excluded.expires_at)
+                          ELSE excluded.expires_at END,
        released    = 0,
        grants      = l.grants + CASE WHEN l.holder = excluded.holder AND NOT l.released
                                      THEN 0 ELSE 1 END,

@@ -8,7 +8,9 @@
 --   :holder              TEXT, 1 to 200 characters
 --   :older_than_seconds  REAL, from 0 to 31622400 (0: steal unconditionally)
 -- Result: one row (fence INTEGER, always a new one) when taken; no row when the
--- holder renewed more recently than :older_than_seconds ago.
+-- holder renewed more recently than :older_than_seconds ago. Taken from the holder
+-- the row names (not released), the expiry never moves earlier: the earlier
+-- tenure's owner may still believe what it was granted.
 -- A name whose fences are exhausted (2^63-1) fails with "pylease: fences exhausted ...".
 -- Bad arguments fail with "pylease: <parameter> must ..." (constraint error);
 -- check 0 <= :older_than_seconds <= 31622400 (366 days) yourself.
@@ -23,7 +25,9 @@ SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_s
        ttl         = excluded.ttl,
        acquired_at = excluded.acquired_at,
        renewed_at  = excluded.renewed_at,
-       expires_at  = excluded.expires_at,
+       expires_at  = CASE WHEN l.holder = excluded.holder AND NOT l.released
+                          THEN max(l.expires_at, excluded.expires_at)
+                          ELSE excluded.expires_at END,
        released    = 0,
        grants      = l.grants + 1,
        takeovers   = l.takeovers + CASE WHEN NOT l.released AND l.expires_at <= excluded.renewed_at

@@ -118,6 +118,31 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
         ],
     ),
     (
+        "claim again by the holder with a shorter ttl never moves the expiry earlier",
+        [
+            ("claim", ("a", DAY, "h1"), 1),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("field", ("a", "expires_at"), Same("e")),
+            ("field", ("a", "ttl"), SHORT),
+            sleep_past_short(),
+            ("status", ("a",), [("a", "h1", 1, True)]),
+            ("claim", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
+        "steal by the holder itself with a shorter ttl never moves the expiry earlier",
+        [
+            ("claim", ("a", DAY, "h1"), 1),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("steal", ("a", SHORT, "h1"), 2),
+            ("field", ("a", "expires_at"), Same("e")),
+            sleep_past_short(),
+            ("status", ("a",), [("a", "h1", 2, True)]),
+            ("claim", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
         "claim by the holder after its own expiry, nobody having taken it, keeps the fence",
         [
             ("claim", ("a", SHORT, "h1"), 1),
@@ -305,6 +330,40 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
             ("release", ("zz", "h1"), False),
             ("status", (None,), [("a", "h1", 1, True)]),
             ("claim", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
+        "release with a fence frees only that tenure, not the same holder's next one",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1", None, 1), True),
+            ("claim", ("a", LONG, "h1"), 2),
+            ("release", ("a", "h1", None, 1), False),
+            ("status", ("a",), [("a", "h1", 2, True)]),
+            ("claim", ("a", LONG, "h2"), None),
+            ("release", ("a", "h2", None, 2), False),
+            ("release", ("a", "h1", None, 2), True),
+            ("counters", ("a",), [("a", 2, 0, 0, 2)]),
+            ("claim", ("a", LONG, "h2"), 3),
+        ],
+    ),
+    (
+        "release with a fence keeps min_hold and counts an expired tenure nobody took as held",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("release", ("a", "h1", DAY, 1), True),
+            ("field", ("a", "state"), "resting"),
+            ("claim", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
+        "release: bad fence",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1", None, True), Raises("pylease: fence must be an int, not bool")),
+            ("release", ("a", "h1", None, 2**63), Raises("pylease: fence is out of range")),
+            ("status", ("a",), [("a", "h1", 1, True)]),
         ],
     ),
     (

@@ -133,18 +133,26 @@ SIGNATURES = {
     "lease_wait": ("name text, waiter text, ttl interval", "boolean"),
     "lease_unwait": ("name text, waiter text, granted boolean DEFAULT false", "boolean"),
 }
+# Overloads, beside the signature above: another number of arguments, no DEFAULT
+# that would make a shorter call ambiguous.
+OVERLOADS = {
+    # 0006: the release of one tenure (contract 5.6).
+    "lease_release": ("name text, holder text, min_hold interval, fence bigint", "boolean"),
+}
 
 
 def test_every_function_has_the_contract_signature(conn: Conn) -> None:
-    found = {
-        name: (args, result)
-        for name, args, result in conn.execute(
-            "SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)"
-            "  FROM pg_proc AS p WHERE p.pronamespace = 'public'::regnamespace"
-            "   AND p.proname LIKE 'lease\\_%'"
-        )
-    }
-    assert found == SIGNATURES
+    found: dict[str, set[tuple[str, str]]] = {}
+    for name, args, result in conn.execute(
+        "SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)"
+        "  FROM pg_proc AS p WHERE p.pronamespace = 'public'::regnamespace"
+        "   AND p.proname LIKE 'lease\\_%'"
+    ):
+        found.setdefault(name, set()).add((args, result))
+    expected = {name: {signature} for name, signature in SIGNATURES.items()}
+    for name, signature in OVERLOADS.items():
+        expected[name].add(signature)
+    assert found == expected
 
 
 # -- claim --------------------------------------------------------------------

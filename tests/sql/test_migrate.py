@@ -29,6 +29,7 @@ IDS = [
     "pylease-0003-operations",
     "pylease-0004-faster",
     "pylease-0005-waiters",
+    "pylease-0006-tenures",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

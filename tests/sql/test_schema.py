@@ -28,6 +28,7 @@ MIGRATIONS = [
     "pylease-0003-operations",
     "pylease-0004-faster",
     "pylease-0005-waiters",
+    "pylease-0006-tenures",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -153,6 +154,7 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_leases_fence",
         "pylease_leases_pkey",
         "pylease_waiters",
+        "pylease_waiters_expires_at",
         "pylease_waiters_id_seq",
         "pylease_waiters_name_id",
         "pylease_waiters_name_waiter_key",
