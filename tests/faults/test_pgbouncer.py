@@ -123,6 +123,16 @@ async def aconn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         yield c
 
 
+@pytest.fixture
+async def aconn2(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """The adopted async tests' second connection, without prepared statements too (a
+    statement prepared on one server session is unknown on the next one)."""
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, prepare_threshold=None
+    ) as c:
+        yield c
+
+
 @pytest.fixture(scope="module")
 def module_conn(bouncer: Bouncer, pg_admin_dsn: str, pg_template: str) -> Iterator[Conn]:
     name = f"pylease_m_{uuid.uuid4().hex[:12]}"
