@@ -74,6 +74,9 @@ class Waiter:
         self.refresh_at = 0.0
         # True once a granted claim took the process out of that queue (see claim()).
         self.left = False
+        # When a release of its name was heard while another process was ahead of this
+        # one in that queue (monotonic): that process claims it, unless it died.
+        self.release_heard: float | None = None
 
     @property
     def head(self) -> bool:
@@ -240,10 +243,16 @@ class Hub:
             for watcher in (*self.watchers.get(payload, ()), *self.watchers.get(None, ())):
                 watcher.wake()
             queue = self.queues.get(payload)
-            # A process behind another in the queue of waiting processes leaves
-            # this release to the one ahead.
-            if queue and queue[0].db_head is not False:
+            if not queue:
+                return
+            if queue[0].db_head is not False:
                 queue[0].wake(retry=True)
+            else:
+                # Behind another process in the queue of waiting processes: this release
+                # is the one ahead's, but the head here claims after a grace in case
+                # that process died (its entry lasts until it expires).
+                queue[0].release_heard = monotonic()
+                queue[0].wake(retry=False)
 
     def _done(self) -> bool:
         """True (and the hub leaves the registry) once nobody waited or watched for LINGER

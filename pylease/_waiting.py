@@ -70,6 +70,9 @@ MAX_OUTAGE = 1.0
 NAP = 60.0
 # A head's busy claim reads the status with it at most this often (see the docstring).
 STATUS_FRESH = 1.0
+# A process behind another in the queue of waiting processes claims a release it heard
+# this long after it (jittered), in case the process ahead died: that one claims at once.
+BEHIND_GRACE = 0.2
 # A wait that can be stopped looks at its stop this often.
 STOP_SLICE = 0.2
 
@@ -220,7 +223,7 @@ class Wait:
         name = self.attempt.name
         conninfo = None if self.link.sqlite or self.opts.wait <= 0 else self.link.listen_conninfo
         seen = None if conninfo is None else hub.mark(conninfo)
-        fence = self.link.run(self.attempt.claim, name=name, retry=True)
+        fence = self._first(waiting=conninfo is not None)
         if fence is not None:
             return self._granted(fence)
         if self.opts.wait <= 0:
@@ -247,6 +250,23 @@ class Wait:
         attempt = self.attempt
         log_claimed(attempt.name, attempt.holder, fence, attempt.ttl.total_seconds(), waited)
         return fence, self.sent_at
+
+    def _first(self, *, waiting: bool) -> int | None:
+        """The first attempt; one that may wait on PostgreSQL also reads, in the same
+        statement, what stands in the way: the holder's expiry paces the wait even when
+        no release comes (a holder that died) and the process's hub heard nothing new."""
+        if not waiting:
+            return self.link.run(self.attempt.claim, name=self.attempt.name, retry=True)
+
+        def attempt(b: Backend) -> tuple[int | None, list[LeaseRow] | None]:
+            return self.attempt.claim_waiting(b, status=True, queued_as=None)
+
+        fence, rows = self.link.run(attempt, name=self.attempt.name, retry=True)
+        if rows is not None:
+            self.current, self.expires_at = current_holder(rows)
+            self.status_at = self.sent_at
+            self._report(rows)
+        return fence
 
     def _busy_at_once(self) -> None:
         """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
@@ -301,14 +321,8 @@ class Wait:
         if waiter is None:
             fence = self.link.run(self.attempt.claim, name=name, retry=True)
         else:
-            queued_as = None if waiter.db_head is None else waiter.hub.token
-
-            def attempt(b: Backend) -> tuple[int | None, list[LeaseRow] | None]:
-                return self.attempt.claim_waiting(b, status=look, queued_as=queued_as)
-
-            fence, rows = self.link.run(attempt, name=name, retry=True)
-            if fence is not None and queued_as is not None:
-                waiter.left = True
+            waiter.release_heard = None
+            fence, rows = self._claim_waiting(waiter, look)
         if fence is not None:
             return fence
         if not look and self.want_holder and monotonic() >= self.deadline:
@@ -327,6 +341,20 @@ class Wait:
             return
         row = rows[0] if rows else None
         self.on_busy(row)
+
+    def _claim_waiting(
+        self, waiter: Waiter, look: bool
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        """A waiter's attempt in one statement (see the module's docstring)."""
+        queued_as = None if waiter.db_head is None else waiter.hub.token
+
+        def attempt(b: Backend) -> tuple[int | None, list[LeaseRow] | None]:
+            return self.attempt.claim_waiting(b, status=look, queued_as=queued_as)
+
+        fence, rows = self.link.run(attempt, name=self.attempt.name, retry=True)
+        if fence is not None and queued_as is not None:
+            waiter.left = True
+        return fence, rows
 
     def _past_deadline(self) -> bool:
         """True when one last attempt is due; raises LeaseBusy after it."""
@@ -373,6 +401,10 @@ class Wait:
         behind = waiter is not None and waiter.behind
         expires_at = None if behind else self.expires_at
         pause = next_pause(expires_at, poll, self.deadline - now, self.backoff)
+        heard = None if waiter is None or not behind else waiter.release_heard
+        if heard is not None:
+            grace = BEHIND_GRACE * random.uniform(1 - JITTER, 1 + JITTER)
+            pause = min(pause, max(heard + grace - now, 0.0))
         if waiter is not None and waiter.db_head is not None:
             pause = min(pause, max(waiter.refresh_at - now, 0.0))
         if self.skipped:

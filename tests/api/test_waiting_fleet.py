@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -294,3 +295,66 @@ def test_processes_and_threads_hammering_one_name_through_the_waiting_path_never
     w.assert_sound()  # no belief of one holder after a grant to another
     fences = [g.fields["fence"] for g in sorted(grants, key=lambda g: g.t)]
     assert fences == sorted(fences) and len(set(fences)) == len(fences)
+
+
+def test_a_dead_process_first_in_line_does_not_hold_up_the_next_one(dsn: str, conn: Conn) -> None:
+    # A process queued first in pylease_waiters dies (its entry lives on until it
+    # expires, 30 s later). The next process, which leaves releases to the one ahead,
+    # claims the release itself after a short grace, not at its poll (here 60 s) nor
+    # once the dead entry expired.
+    claim(conn, "job", ttl="60s")
+    first = subprocess.Popen(
+        [sys.executable, "-c", WAITING_PROCESS, dsn],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        queued = "SELECT count(*) FROM pylease_waiters WHERE name = 'job'"
+        assert wait_until(lambda: conn.execute(queued).fetchone() == (1,), BOUND)
+        results: list[Any] = []
+
+        def second() -> None:
+            try:
+                with lease(dsn, "job", ttl=60, wait=BOUND, poll_interval=60) as held:
+                    results.append(held.fence)
+            except BaseException as exc:
+                results.append(exc)
+
+        thread = threading.Thread(target=second, daemon=True)
+        thread.start()
+        assert wait_until(lambda: conn.execute(queued).fetchone() == (2,), BOUND)
+    finally:
+        first.kill()
+        first.wait()
+    # The second process refreshes its entry a third of its ttl after queueing, and
+    # would claim then: the grant must come before, by the grace after the release.
+    refresh = conn.execute(
+        "SELECT expires_at - interval '20 s' FROM pylease_waiters WHERE name = 'job'"
+        " ORDER BY id DESC LIMIT 1"
+    ).fetchone()
+    release(conn, "job")
+    thread.join(BOUND)
+    assert results and isinstance(results[0], int), results
+    row = conn.execute("SELECT acquired_at FROM lease_status('job')").fetchone()
+    assert refresh is not None and row is not None and row[0] < refresh[0]
+
+
+def test_a_waiter_of_a_warm_process_wakes_at_the_expiry_of_a_holder_that_died(
+    dsn: str, conn: Conn
+) -> None:
+    # The process's listener is up from an earlier wait and has heard nothing since; a
+    # holder then dies without releasing. The waiter reads the holder's expiry with its
+    # first claim and claims at it, not at its poll interval (here 60 s).
+    claim(conn, "warm", ttl="60s")
+    threads, _ = waiters(dsn, "warm", 1)
+    assert wait_until(lambda: _hub.waiters("warm") == 1, BOUND)
+    release(conn, "warm")
+    join(threads)
+    conn.execute("SELECT lease_claim('job', '1 s', 'dies')")  # and never renews
+    start = time.monotonic()
+    with lease(dsn, "job", ttl=60, wait=45, poll_interval=60) as held:
+        waited = time.monotonic() - start
+        assert held.fence == 2
+    # At the expiry (a second), not when the process refreshes its place in the queue of
+    # waiting processes (10 s) nor at its poll (60 s): a liveness bound short of both.
+    assert waited < 8, waited
