@@ -9,6 +9,18 @@ expiry (the moment the last successful claim or renewal was sent, plus the ttl,
 which comes no later than the server's expiry). The local expiry is watched on its
 own, so a keeper that is late to declare the loss still cannot let the command run
 past it.
+
+"The command" is its whole process group: the child starts a group of its own, every
+stop goes to the group, and when the child exits, what it left running in the group (a
+shell script's background work) is stopped the same way before the lease is released.
+A process that leaves the group itself (``setsid``, a daemon) is outside this promise.
+On a terminal, the child's group takes the foreground while it runs, so an interactive
+command keeps the keyboard (and Ctrl-C reaches it directly).
+
+SIGINT, SIGTERM and SIGHUP before the child starts end pylease (it releases); the
+other signals a service manager or a log rotation sends (SIGUSR1, SIGUSR2, SIGQUIT,
+SIGALRM, SIGWINCH) never kill pylease: they are passed on to the command's group, or,
+before it starts, once it has.
 """
 
 from __future__ import annotations
@@ -25,7 +37,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM, signal.SIGWINCH)
+FORWARDED = ENDING + PASSED_ON
 NOT_FOUND = 127
 NOT_EXECUTABLE = 126
 LOST = 75  # EX_TEMPFAIL: somebody else has the lease now; try again later
@@ -66,13 +80,21 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+# Signals of PASSED_ON that came before the child started, to pass on once it has.
+_early: list[int] = []
+
+
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
-    """While waiting for the lease, SIGINT, SIGTERM and SIGHUP raise :class:`Signalled`."""
+    """While waiting for the lease, SIGINT, SIGTERM and SIGHUP raise :class:`Signalled`;
+    the signals of PASSED_ON are kept for the command."""
 
     def handler(signum: int, _frame: FrameType | None) -> None:
-        raise Signalled(signum)
+        if signum in ENDING:
+            raise Signalled(signum)
+        _early.append(signum)
 
+    _early.clear()
     with _handlers(handler):
         yield
 
@@ -90,21 +112,51 @@ def _handlers(handler: Callable[[int, FrameType | None], None]) -> Iterator[None
             signal.signal(sig, old)
 
 
-def _from_terminal(signum: int) -> bool:
-    """True when a terminal's Ctrl-C just sent this SIGINT to our whole process group.
-
-    The child is in our process group, so it already has its own copy; a second
-    one would look like an impatient user pressing Ctrl-C twice.
-    """
-    if signum != signal.SIGINT:
-        return False
+def _terminal() -> int | None:
+    """The descriptor of our controlling terminal when our group has its foreground."""
     for stream in (sys.stdin, sys.stderr):
         try:
             if stream is not None and stream.isatty():
-                return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+                fd = stream.fileno()
+                return fd if os.tcgetpgrp(fd) == os.getpgrp() else None
         except (OSError, ValueError):
             continue
-    return False
+    return None
+
+
+@contextlib.contextmanager
+def _foreground(pgid: int) -> Iterator[None]:
+    """Give the terminal's foreground to the child's group while it runs, then take it back."""
+    fd = _terminal()
+    if fd is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # A background group that changes the foreground gets SIGTTOU: not while we do.
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, pgid)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, os.getpgrp())
+        signal.signal(signal.SIGTTOU, previous)
+
+
+def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
+    """Send ``signum`` to the child's whole process group (it leads one of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signum)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def supervise(
@@ -128,13 +180,15 @@ def supervise(
     def forward(signum: int, _frame: FrameType | None) -> None:
         if child is None:
             pending.append(signum)  # arrived while the child was being started
-        elif not _from_terminal(signum):
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signum)
+        else:
+            _signal_group(child, signum)
 
+    pending.extend(_early)
+    _early.clear()
     with _handlers(forward):
         try:
-            child = subprocess.Popen(list(argv), env=dict(env))
+            # A group of its own: a stop reaches the command's children too.
+            child = subprocess.Popen(list(argv), env=dict(env), process_group=0)
         except FileNotFoundError:
             say(f"{argv[0]}: command not found")
             return Outcome(NOT_FOUND, lost=False)
@@ -144,17 +198,48 @@ def supervise(
         except OSError as exc:
             say(f"{argv[0]}: cannot execute: {exc.strerror or exc}")
             return Outcome(NOT_EXECUTABLE, lost=False)
-        for signum in pending:
-            forward(signum, None)
-        return _watch(
-            child,
-            argv,
-            lost=lost,
-            kill_after=kill_after,
-            say=say,
-            why_lost=why_lost,
-            remaining=remaining,
-        )
+        with _foreground(child.pid):
+            for signum in pending:
+                forward(signum, None)
+            outcome = _watch(
+                child,
+                argv,
+                lost=lost,
+                kill_after=kill_after,
+                say=say,
+                why_lost=why_lost,
+                remaining=remaining,
+            )
+        _stop_leftovers(child.pid, argv, kill_after=kill_after, say=say, remaining=remaining)
+        return outcome
+
+
+def _stop_leftovers(
+    pgid: int,
+    argv: Sequence[str],
+    *,
+    kill_after: float,
+    say: Say,
+    remaining: Callable[[], float] | None,
+) -> None:
+    """Stop what the command left running in its group (SIGTERM, then SIGKILL after
+    ``kill_after`` or at the local expiry), before the lease is released."""
+    if not _group_alive(pgid):
+        return
+    say(f"{argv[0]} exited, leaving processes of its group running; sending them SIGTERM")
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    end = time.monotonic() + kill_after
+    while _group_alive(pgid):
+        left = end - time.monotonic()
+        if remaining is not None:
+            left = min(left, remaining())
+        if left <= 0:
+            say(f"processes of {argv[0]}'s group still running; sending them SIGKILL")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            return
+        time.sleep(min(POLL, left))
 
 
 def _watch(
@@ -182,8 +267,7 @@ def _watch(
                 terminated_at = time.monotonic()
             else:
                 say(f"{argv[0]} still running at the lease's expiry; sending SIGKILL")
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
+            _signal_group(child, signal.SIGKILL)
             killed = True
             left = None
         try:
@@ -196,9 +280,8 @@ def _watch(
         if past_expiry:
             continue  # SIGKILL at the top of the loop: no SIGTERM past the expiry
         if lost.is_set() and terminated_at is None:
-            say(f"{why_lost()}; sending SIGTERM to {argv[0]} (pid {child.pid})")
-            with contextlib.suppress(ProcessLookupError):
-                child.terminate()
+            say(f"{why_lost()}; sending SIGTERM to {argv[0]} (pid {child.pid}) and its group")
+            _signal_group(child, signal.SIGTERM)
             terminated_at = time.monotonic()
         elif (
             terminated_at is not None
@@ -206,8 +289,7 @@ def _watch(
             and time.monotonic() - terminated_at >= kill_after
         ):
             say(f"{argv[0]} still running {kill_after:g}s after SIGTERM; sending SIGKILL")
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
+            _signal_group(child, signal.SIGKILL)
             killed = True
     if terminated_at is not None:
         return Outcome(LOST, lost=True)

@@ -1,0 +1,138 @@
+"""``pylease run`` stops the whole command, however it forks, and no signal orphans it.
+
+The commands here are what operators write: a shell script that starts work in the
+background, a wrapper that waits for its child. Their grandchildren must be stopped
+before anyone else can be granted the lease; a log rotation's SIGUSR1 must reach the
+command, not kill pylease (issue 21, items 1 and 2).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_run import finish, pylease, start, status, wait_for
+
+# A shell that starts work in the background and says so; then waits for it, or exits.
+TREE = 'sleep 300 & echo $! > "$0"; echo ready >> "$1"; {}'
+
+TRAPS = r"""
+import signal, sys, time
+out = sys.argv[1]
+def on(signum, frame):
+    with open(out, "a") as f:
+        f.write(signal.Signals(signum).name + "\n")
+    if signum == signal.SIGALRM:
+        sys.exit(0)
+for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM):
+    signal.signal(s, on)
+with open(out, "a") as f:
+    f.write("ready\n")
+time.sleep(60)
+"""
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie nobody reaped yet has stopped running)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def grandchild(pidfile: Path) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = pidfile.read_text().strip() if pidfile.exists() else ""
+        if text:
+            return int(text)
+        time.sleep(0.02)
+    raise AssertionError("the command never started its background work")
+
+
+@pytest.fixture
+def started() -> list[subprocess.Popen[str]]:
+    return []
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM to pylease", "a stolen lease"])
+def test_a_stop_reaches_the_commands_grandchildren(
+    url: str, tmp_path: Path, started: list[subprocess.Popen[str]], stop: str
+) -> None:
+    pidfile, out = tmp_path / "gpid", tmp_path / "out"
+    script = TREE.format("wait")
+    proc = start(
+        started, "run", "job", "--ttl", "5s", "--dsn", url, "--",
+        "sh", "-c", script, str(pidfile), str(out),
+    )  # fmt: skip
+    try:
+        wait_for(out, "ready", proc)
+        pid = grandchild(pidfile)
+        if stop == "a stolen lease":
+            stolen = pylease("steal", "job", "--ttl", "1m", "--holder", "operator", "--dsn", url)
+            assert stolen.returncode == 0, stolen.stderr
+        else:
+            proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc)
+        assert code in (75, 128 + signal.SIGTERM), err
+        assert not alive(pid), "the background work outlived pylease run"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_what_the_command_left_running_is_stopped_before_the_release(
+    url: str, tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    pidfile, out = tmp_path / "gpid", tmp_path / "out"
+    script = TREE.format("exit 0")
+    proc = start(
+        started, "run", "job", "--ttl", "30s", "--kill-after", "2s", "--dsn", url, "--",
+        "sh", "-c", script, str(pidfile), str(out),
+    )  # fmt: skip
+    wait_for(out, "ready", proc)
+    pid = grandchild(pidfile)
+    # Another party claims as soon as the name is free, and looks at that moment.
+    seen: list[bool] = []
+
+    def contender() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = pylease("claim", "job", "--ttl", "1m", "--holder", "next", "--dsn", url)
+            if got.returncode == 0:
+                seen.append(alive(pid))
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=contender)
+    thread.start()
+    code, err = finish(proc)
+    thread.join(90)
+    assert code == 0, err
+    assert seen == [False], "the lease was free while the command's background work ran"
+
+
+def test_other_signals_reach_the_command_and_do_not_kill_run(
+    url: str, tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    script, out = tmp_path / "traps.py", tmp_path / "out"
+    script.write_text(TRAPS)
+    proc = start(
+        started, "run", "job", "--ttl", "5s", "--dsn", url, "--",
+        sys.executable, str(script), str(out),
+    )  # fmt: skip
+    wait_for(out, "ready", proc)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+        proc.send_signal(signum)
+        wait_for(out, signal.Signals(signum).name, proc)
+    proc.send_signal(signal.SIGALRM)  # the command exits 0 on this one
+    code, err = finish(proc)
+    assert code == 0, err
+    assert status(url, "job")["held"] is False
