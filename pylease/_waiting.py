@@ -223,7 +223,7 @@ class Wait:
         name = self.attempt.name
         conninfo = None if self.link.sqlite or self.opts.wait <= 0 else self.link.listen_conninfo
         seen = None if conninfo is None else hub.mark(conninfo)
-        fence = self._first(waiting=conninfo is not None)
+        fence = self.link.run(self.attempt.claim, name=name, retry=True)
         if fence is not None:
             return self._granted(fence)
         if self.opts.wait <= 0:
@@ -250,23 +250,6 @@ class Wait:
         attempt = self.attempt
         log_claimed(attempt.name, attempt.holder, fence, attempt.ttl.total_seconds(), waited)
         return fence, self.sent_at
-
-    def _first(self, *, waiting: bool) -> int | None:
-        """The first attempt; one that may wait on PostgreSQL also reads, in the same
-        statement, what stands in the way: the holder's expiry paces the wait even when
-        no release comes (a holder that died) and the process's hub heard nothing new."""
-        if not waiting:
-            return self.link.run(self.attempt.claim, name=self.attempt.name, retry=True)
-
-        def attempt(b: Backend) -> tuple[int | None, list[LeaseRow] | None]:
-            return self.attempt.claim_waiting(b, status=True, queued_as=None)
-
-        fence, rows = self.link.run(attempt, name=self.attempt.name, retry=True)
-        if rows is not None:
-            self.current, self.expires_at = current_holder(rows)
-            self.status_at = self.sent_at
-            self._report(rows)
-        return fence
 
     def _busy_at_once(self) -> None:
         """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
@@ -411,6 +394,10 @@ class Wait:
             # The holder may have changed since the status was read: read it again
             # soon, in case the new one's expiry comes earlier.
             pause = min(pause, max(self.status_at + STATUS_FRESH - now, 0.0))
+        elif self.status_at == float("-inf"):
+            # Never read (a process whose listener heard nothing new since the first,
+            # plain claim): read it soon, so that a holder that died is met at its expiry.
+            pause = min(pause, STATUS_FRESH * random.uniform(1 - JITTER, 1 + JITTER))
         return pause
 
 

@@ -225,7 +225,7 @@ class AsyncWait:
         name = self.attempt.name
         conninfo = None if self.link.sqlite or self.opts.wait <= 0 else self.link.listen_conninfo
         seen = None if conninfo is None else hub.mark(conninfo)
-        fence = await self._first(waiting=conninfo is not None)
+        fence = await self.link.run(self.attempt.claim, name=name, retry=True)
         if fence is not None:
             return self._granted(fence)
         if self.opts.wait <= 0:
@@ -252,23 +252,6 @@ class AsyncWait:
         attempt = self.attempt
         log_claimed(attempt.name, attempt.holder, fence, attempt.ttl.total_seconds(), waited)
         return fence, self.sent_at
-
-    async def _first(self, *, waiting: bool) -> int | None:
-        """The first attempt; one that may wait on PostgreSQL also reads, in the same
-        statement, what stands in the way: the holder's expiry paces the wait even when
-        no release comes (a holder that died) and the process's hub heard nothing new."""
-        if not waiting:
-            return await self.link.run(self.attempt.claim, name=self.attempt.name, retry=True)
-
-        async def attempt(b: AsyncBackend) -> tuple[int | None, list[LeaseRow] | None]:
-            return await self.attempt.claim_waiting(b, status=True, queued_as=None)
-
-        fence, rows = await self.link.run(attempt, name=self.attempt.name, retry=True)
-        if rows is not None:
-            self.current, self.expires_at = current_holder(rows)
-            self.status_at = self.sent_at
-            await self._report(rows)
-        return fence
 
     async def _busy_at_once(self) -> None:
         """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
@@ -418,6 +401,10 @@ class AsyncWait:
             # The holder may have changed since the status was read: read it again
             # soon, in case the new one's expiry comes earlier.
             pause = min(pause, max(self.status_at + STATUS_FRESH - now, 0.0))
+        elif self.status_at == float("-inf"):
+            # Never read (a process whose listener heard nothing new since the first,
+            # plain claim): read it soon, so that a holder that died is met at its expiry.
+            pause = min(pause, STATUS_FRESH * random.uniform(1 - JITTER, 1 + JITTER))
         return pause
 
 

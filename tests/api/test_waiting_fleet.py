@@ -343,8 +343,8 @@ def test_a_waiter_of_a_warm_process_wakes_at_the_expiry_of_a_holder_that_died(
     dsn: str, conn: Conn
 ) -> None:
     # The process's listener is up from an earlier wait and has heard nothing since; a
-    # holder then dies without releasing. The waiter reads the holder's expiry with its
-    # first claim and claims at it, not at its poll interval (here 60 s).
+    # holder then dies without releasing. The waiter reads the holder's expiry soon after
+    # its first, plain claim and claims at it, not at its poll interval (here 60 s).
     claim(conn, "warm", ttl="60s")
     threads, _ = waiters(dsn, "warm", 1)
     assert wait_until(lambda: _hub.waiters("warm") == 1, BOUND)
