@@ -497,8 +497,10 @@ ltl belief     { [] NOBODY_WRONGED }
 ltl fenced     { [] !stale_write }
 /* No fence is issued twice, across a failover too. */
 ltl fence_once { [] !reissued }
-/* The three at once: what a configuration's single search checks. */
+/* What one search of a configuration checks: the three at once, or (FAILOVER 2, where
+   a lost grant is outside the promise) the two about fences. */
 ltl all        { [] (NOBODY_WRONGED && !stale_write && !reissued) }
+ltl fences     { [] (!stale_write && !reissued) }
 
 /* Where later primitives go (docs/model.md, "Adding a primitive"):
    ltl shared_exclusive { [] ... }   a shared holder never overlaps an exclusive one
