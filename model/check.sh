@@ -34,18 +34,21 @@ fi
 verify() {
     local kind=$1 name=$2 ltl=$3
     shift 3
-    local dir="$work/$name" flags="-DSAFETY -DCOLLAPSE"
+    local dir="$work/$name" flags="-DSAFETY $STORE"
     mkdir "$dir"
     cp ./*.pml "$dir/"
     # A mutant's shortest counterexample: breadth first.
-    [ "$kind" = fail ] && flags="$flags -DBFS"
+    [ "$kind" = fail ] && flags="-DSAFETY -DCOLLAPSE -DBFS"
     (cd "$dir" && spin -a "$@" pylease.pml > spin.out 2>&1) || { echo "$name: FAIL: spin -a"; cat "$dir/spin.out"; failed=1; return; }
-    (cd "$dir" && "${CC:-gcc}" -O2 -w $flags -DMEMLIM=1024 -o pan pan.c) || { echo "$name: FAIL: gcc"; failed=1; return; }
+    (cd "$dir" && "${CC:-gcc}" -O2 -w $flags -DMEMLIM=512 -o pan pan.c) || { echo "$name: FAIL: gcc"; failed=1; return; }
     local start end out verdict stored
     start=$(date +%s.%N)
     out=$(cd "$dir" && ./pan -m100000 -N "$ltl" 2>&1) || true
     end=$(date +%s.%N)
     verdict=$(grep -m1 'errors:' <<< "$out" || echo "no verdict")
+    if [ "$STORE" != "-DCOLLAPSE" ] && [ "$kind" = pass ]; then
+        verdict="$verdict; $(grep -m1 -o 'hash conflicts: *[0-9]*' <<< "$out" || true)"
+    fi
     stored=$(grep -m1 'states, stored' <<< "$out" | awk '{print $1}')
     local took
     took=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
@@ -71,7 +74,12 @@ verify() {
 }
 
 start_all=$(date +%s)
+# Each search stays under 512 MB. The CI set stores every state exactly (compressed);
+# the deep set's larger spaces are stored hash-compacted, which may miss a state with
+# the small probability SPIN reports ("hash conflicts").
+STORE="-DCOLLAPSE"
 if [ "$set_name" = deep ]; then
+    STORE="-DHC4"
     verify pass three          all    -DNC=3 -DEXPLICIT=0 -DSLOW=0
     verify pass three-explicit all    -DNC=3 -DSLOW=0 -DTRIES=1
     verify pass slow-helper    all    -DSLOW=1 -DHELPER=1 -DBLOCKS0=2
