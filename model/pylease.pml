@@ -10,7 +10,10 @@
  * transition is named after the SQL function or keeper step it stands for.
  *
  * Properties (one line each, at the end): belief, fenced, fence_once.
- * Configuration and mutants are -D macros; see check.sh and docs/model.md.
+ * Configuration and mutants are -D macros; see check.sh and docs/model.md. Mutants
+ * here: MUT_BELIEF_FROM_ARRIVAL, MUT_NO_DRIFT_MARGIN (issue 21 item 18),
+ * MUT_LATE_ANSWER_REVIVES, MUT_RELEASE_NO_FENCE (item 17, with sql.pml's); the SQL's
+ * are listed in sql.pml.
  */
 
 /* ---- Configuration (override with -D) ------------------------------------------- */
