@@ -82,7 +82,7 @@ STORE="-DCOLLAPSE"
 if [ "$set_name" = deep ]; then
     STORE="-DHC4"
     verify pass three-slow     all    -DNC=3 -DSLOW=1 -DTRIES=1
-    verify pass three-blocks   all    -DNC=3 -DEXPLICIT=0 -DBLOCKS0=2 -DTRIES=1 -DSLOW=0
+    verify pass fresh-holders  all    -DEXPLICIT=0 -DBLOCKS=2 -DTRIES=1 -DSLOW=0
     verify pass slow-helper    all    -DSLOW=1 -DHELPER=1 -DBLOCKS0=2
     verify pass steal-writes   all    -DSLOW=0 -DSTEAL=1 -DWRITES=1
     verify pass sync-writes    all    -DSLOW=0 -DFAILOVER=1 -DWRITES=1
