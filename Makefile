@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test deps lint typecheck docs pytest venv bench demo clean generate generate-check
+.PHONY: test deps lint typecheck docs pytest venv bench demo clean generate generate-check \
+	model-check model-check-deep
 
 venv: $(STAMP)
 
@@ -49,7 +50,16 @@ docs: venv
 	@out=$$(NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site 2>&1) \
 	|| { echo "$$out" >&2; exit 1; }
 
-test: deps lint typecheck docs pytest
+# The protocol's model (model/, docs/model.md), checked exhaustively with SPIN: the
+# decision table, every configuration, and every seeded bug caught. Needs only spin and
+# a C compiler (scripts/test-deps.sh installs spin), not the venv.
+model-check:
+	@model/check.sh
+
+model-check-deep:
+	@model/check.sh deep
+
+test: deps model-check lint typecheck docs pytest
 
 # `make demo`: two runs of one lease at once on the embedded SQLite default (no
 # configuration): one runs its command, the other finds the lease busy and skips.

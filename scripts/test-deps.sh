@@ -41,6 +41,9 @@ need libfaketime have_file /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketim
 # Examples of the docs that tests/docs/test_docs.py runs: the sqlite3 shell, pgrep.
 need sqlite3 have sqlite3
 need procps have pgrep
+# `make model-check` checks model/ with SPIN (it compiles the verifier with gcc).
+need spin have spin
+need gcc have gcc
 # tests/integrations/test_celery.py uses the Redis on 127.0.0.1:6379 as broker, started there if absent.
 need redis-server have redis-server
 # tests/failover/test_patroni.py runs one etcd and three Patroni nodes of its own; Patroni

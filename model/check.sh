@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Check the model: the decision table, every configuration (each must pass), every
+# mutant (each must fail). Needs only spin and a C compiler.
+#
+#   model/check.sh         the CI set (`make model-check`)
+#   model/check.sh deep    the deeper set (`make model-check-deep`)
+#
+# For each configuration and mutant it prints the verifier's own verdict line
+# ("State-vector ..., depth reached N, errors: E") with the states stored and the time.
+set -euo pipefail
+cd "$(dirname "$0")"
+set_name=${1:-ci}
+
+for tool in spin "${CC:-gcc}"; do
+    command -v "$tool" >/dev/null || { echo "model-check: $tool is missing (scripts/test-deps.sh installs it)" >&2; exit 2; }
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/pylease-model.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+failed=0
+
+# The decision table is the model's: decisions.tsv must be what decisions.pml prints.
+cp ./*.pml "$work/"
+(cd "$work" && spin -T decisions.pml | grep -v 'process.* created') > "$work/decisions.out"
+if diff -u decisions.tsv "$work/decisions.out" > "$work/decisions.diff"; then
+    echo "decisions: decisions.tsv is the model's table ($(($(wc -l < decisions.tsv) - 1)) rows)"
+else
+    echo "decisions: FAIL: decisions.tsv differs from the model's table:"
+    cat "$work/decisions.diff"
+    failed=1
+fi
+
+# verify KIND NAME LTL DEFINES...: KIND pass (errors: 0, search complete) or fail (errors >= 1).
+verify() {
+    local kind=$1 name=$2 ltl=$3
+    shift 3
+    local dir="$work/$name" flags="-DSAFETY $STORE" note=""
+    # pass-hc: a space stored hash-compacted, to stay under the memory bound.
+    if [ "$kind" = pass-hc ]; then
+        kind=pass flags="-DSAFETY -DHC4" note=" [hash-compacted]"
+    fi
+    mkdir "$dir"
+    cp ./*.pml "$dir/"
+    # A mutant's shortest counterexample: breadth first.
+    [ "$kind" = fail ] && flags="-DSAFETY -DCOLLAPSE -DBFS"
+    (cd "$dir" && spin -a "$@" pylease.pml > spin.out 2>&1) || { echo "$name: FAIL: spin -a"; cat "$dir/spin.out"; failed=1; return; }
+    (cd "$dir" && "${CC:-gcc}" -O2 -w $flags -DMEMLIM=512 -o pan pan.c) || { echo "$name: FAIL: gcc"; failed=1; return; }
+    local start end out verdict stored
+    start=$(date +%s.%N)
+    out=$(cd "$dir" && ./pan -m100000 -N "$ltl" 2>&1) || true
+    end=$(date +%s.%N)
+    verdict=$(grep -m1 'errors:' <<< "$out" || echo "no verdict")
+    stored=$(grep -m1 'states, stored' <<< "$out" | awk '{print $1}')
+    local took
+    took=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+    if [ "$kind" = pass ]; then
+        if grep -q 'errors: 0' <<< "$verdict" && ! grep -q 'Search not completed\|max search depth too small\|out of memory' <<< "$out"; then
+            echo "config $name [$ltl] $*:$note $verdict; $stored states; ${took}s"
+        else
+            echo "config $name [$ltl] $*: FAIL: $verdict; $stored states; ${took}s"
+            grep -m3 'pan:\|Search not completed\|max search depth\|memory' <<< "$out" || true
+            failed=1
+        fi
+    else
+        local steps
+        # The counterexample replayed: its length in the model's named transitions.
+        steps=$(cd "$dir" && spin -t -T "$@" pylease.pml 2>/dev/null | grep -cE '^(client [0-9]+|server|helper|operator): |^tick ' || true)
+        if grep -q 'errors: [1-9]' <<< "$verdict"; then
+            echo "mutant $name [$ltl] $*: caught, counterexample of $steps steps; $verdict; ${took}s"
+        else
+            echo "mutant $name [$ltl] $*: FAIL: not caught; $verdict; ${took}s"
+            failed=1
+        fi
+    fi
+}
+
+start_all=$(date +%s)
+# Each search stays under 512 MB. The CI set stores every state exactly (compressed);
+# the deep set's larger spaces are stored hash-compacted (-DHC4), which may miss a
+# state with a small probability.
+STORE="-DCOLLAPSE"
+if [ "$set_name" = deep ]; then
+    STORE="-DHC4"
+    verify pass three-slow     all    -DNC=3 -DSLOW=1 -DTRIES=1
+    verify pass fresh-holders  all    -DEXPLICIT=0 -DBLOCKS=2 -DTRIES=1 -DSLOW=0
+    verify pass slow-helper    all    -DSLOW=1 -DHELPER=1 -DBLOCKS0=2
+    verify pass steal-writes   all    -DSLOW=0 -DSTEAL=1 -DWRITES=1
+    verify pass sync-writes    all    -DSLOW=0 -DFAILOVER=1 -DWRITES=1
+    verify pass sync-reuse     all    -DSLOW=0 -DFAILOVER=1 -DBLOCKS0=2 -DTRIES=1
+    verify pass async-writes   fences -DSLOW=0 -DFAILOVER=2 -DWRITES=1 -DTRIES=1
+    verify pass both-blocks    all    -DSLOW=1 -DBLOCKS=2 -DTRIES=1
+    verify pass ttl6           all    -DSLOW=1 -DTTL=6 -DHELPER=1
+else
+    # One configuration per feature: a clean model, then each feature on its own.
+    verify pass base           all    -DSLOW=0
+    verify pass slow-clock     all    -DSLOW=1
+    verify pass helper         all    -DSLOW=0 -DHELPER=1
+    verify pass fenced-writes  all    -DSLOW=0 -DWRITES=1
+    verify pass holder-reuse   all    -DSLOW=0 -DBLOCKS0=2
+    verify pass min-hold       all    -DSLOW=0 -DMIN_HOLD=2
+    verify pass steal          all    -DSLOW=0 -DSTEAL=1
+    verify pass sync-failover  all    -DSLOW=0 -DFAILOVER=1
+    # A lost grant is outside the promise (assumption 2): fences only.
+    verify pass async-failover fences -DSLOW=0 -DFAILOVER=2 -DTRIES=1
+    verify pass-hc three-clients all  -DNC=3 -DSLOW=0 -DTRIES=1
+fi
+
+# Every property has a seeded bug that must be caught (issue 21 items 5, 17, 18 among them).
+verify fail belief-from-arrival  belief     -DSLOW=0 -DMUT_BELIEF_FROM_ARRIVAL
+verify fail renew-earlier        belief     -DSLOW=0 -DHELPER=1 -DMUT_RENEW_EARLIER
+verify fail reclaim-earlier      belief     -DSLOW=0 -DHELPER=1 -DMUT_RECLAIM_EARLIER
+verify fail no-drift-margin      belief     -DSLOW=1 -DMUT_NO_DRIFT_MARGIN
+verify fail release-any-holder   belief     -DSLOW=0 -DBLOCKS0=2 -DMUT_RELEASE_ANY_HOLDER
+verify fail release-no-fence     belief     -DSLOW=0 -DBLOCKS0=2 -DMUT_RELEASE_NO_FENCE
+verify fail late-answer-revives  belief     -DSLOW=0 -DMUT_LATE_ANSWER_REVIVES
+verify fail holds-without-lock   fenced     -DSLOW=0 -DWRITES=1 -DMUT_HOLDS_NOLOCK
+verify fail no-timeline-floor    fence_once -DSLOW=0 -DFAILOVER=2 -DMUT_NO_TIMELINE_FLOOR
+
+echo "model-check ($set_name): done in $(( $(date +%s) - start_all ))s"
+if [ "$failed" -ne 0 ]; then
+    echo "model-check: FAILED" >&2
+    exit 1
+fi

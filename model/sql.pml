@@ -1,0 +1,192 @@
+/*
+ * pylease's SQL functions on one lease row, as the server runs them.
+ *
+ * Each inline is one call of the function it is named after (sql/postgres/schema.sql;
+ * sql/sqlite/<operation>.sql decides the same way under SQLite's write lock). A call is
+ * one statement, so it runs atomically: the includer wraps it in atomic { }.
+ *
+ * Included by pylease.pml (the protocol) and decisions.pml (the decision table that
+ * tests/model/test_decisions.py replays against both backends). An includer may define
+ * GRANTED(kind) before including this file: it runs at every new tenure.
+ *
+ * Mutants (-D): MUT_RENEW_EARLIER, MUT_RECLAIM_EARLIER (issue 21 item 5),
+ * MUT_NO_TIMELINE_FLOOR, MUT_RELEASE_ANY_HOLDER, MUT_RELEASE_NO_FENCE (item 17),
+ * MUT_HOLDS_NOLOCK.
+ */
+
+#define BUSY        0    /* lease_claim / lease_steal answered NULL */
+#define FENCE_MAX   250  /* stands for 2^63-1, the last fence */
+#define EXHAUSTED   251  /* SQLSTATE 54000: the name has used every fence */
+#define TL_SPAN     16   /* stands for 2^40: timeline T grants fences from (T-1)*TL_SPAN + 1 */
+
+#define KIND_CLAIM  1    /* claimed or taken over (lease_claim, or a steal of a free name) */
+#define KIND_STOLEN 2    /* lease_steal from an unexpired holder */
+
+#define MAX2(a, b)  ((a) > (b) -> (a) : (b))
+
+#ifndef GRANTED
+#define GRANTED(kind) skip
+#endif
+
+/* The row of pylease_leases for the one name. Times are kept relative to the
+   database's clock, which never steps (assumption 1), so that the state space is
+   finite without bounding time: left = expires_at - now while positive (0: expired,
+   or released and claimable), age = now - acquired_at (up to AGE_CAP; only min_hold
+   reads it). renewed_at and the counters are left out: no decision modelled reads
+   them (older_than is always '0'). */
+typedef Row {
+    bool exists;
+    bool released;
+    byte holder;
+    byte fence;
+    byte age;
+    byte left;
+    byte ttl
+};
+
+#ifndef AGE_CAP
+#define AGE_CAP 15
+#endif
+
+Row row;
+byte timeline = 1;  /* the primary's timeline; a failover adds one */
+byte keylock;       /* open fenced transactions: lease_holds' FOR KEY SHARE locks */
+
+#ifdef MUT_NO_TIMELINE_FLOOR
+#define FLOOR 1
+#else
+/* ((pg_walfile_name(...)'s timeline - 1) << 40) + 1 */
+#define FLOOR ((timeline - 1) * TL_SPAN + 1)
+#endif
+/* greatest(s_fence + 1, floor) */
+#define NEXT_FENCE MAX2(row.fence + 1, FLOOR)
+
+#ifdef MUT_RECLAIM_EARLIER
+#define RECLAIM_EXPIRY(t) row.left = (t)
+#else
+/* Contract revision 2's never-earlier rule, for an idempotent claim too (item 5). */
+#define RECLAIM_EXPIRY(t) row.left = MAX2(row.left, (t))
+#endif
+
+#ifdef MUT_RENEW_EARLIER
+#define RENEW_EXPIRY row.left = row.ttl
+#else
+/* expires_at = greatest(l.expires_at, t_now + coalesce(ttl, l.ttl)) */
+#define RENEW_EXPIRY row.left = MAX2(row.left, row.ttl)
+#endif
+
+#if defined(MUT_RELEASE_ANY_HOLDER)
+#define RELEASE_MATCH(h, f) (1)
+#elif defined(MUT_RELEASE_NO_FENCE)
+#define RELEASE_MATCH(h, f) (row.holder == (h))
+#else
+/* lease_release(name, holder, min_hold, fence): holder AND fence (contract 5.6);
+   f == 0 is the three-argument form, matched on the holder only. */
+#define RELEASE_MATCH(h, f) (row.holder == (h) && ((f) == 0 || row.fence == (f)))
+#endif
+
+/* A new tenure for holder h with ttl t (claim's INSERT or takeover UPDATE, steal's UPDATE). */
+inline new_tenure(h, t, kind) {
+    row.holder = h;
+    row.released = 0;
+    row.age = 0;
+    row.ttl = t;
+    row.left = t;
+    GRANTED(kind)
+}
+
+/* lease_claim(name, ttl, holder): the fence, BUSY, or EXHAUSTED; acq: the tenure's
+   acquired_at's age (now - acquired_at). */
+inline lease_claim(h, t, out, acq) {
+    if
+    :: !row.exists ->
+        row.exists = 1;
+        row.fence = FLOOR;
+        new_tenure(h, t, KIND_CLAIM);
+        out = row.fence
+    :: row.exists && row.left > 0 && (row.released || row.holder != h) ->
+        out = BUSY                           /* busy: one read, no lock, no WAL */
+    :: row.exists && !row.released && row.holder == h ->
+        row.ttl = t;                         /* still ours: idempotent, same fence */
+        RECLAIM_EXPIRY(t);
+        out = row.fence
+    :: row.exists && row.left == 0 && (row.released || row.holder != h) ->
+        if
+        :: row.fence == FENCE_MAX -> out = EXHAUSTED
+        :: row.fence != FENCE_MAX && keylock > 0 ->
+            out = BUSY                       /* lock_timeout behind a fenced transaction */
+        :: row.fence != FENCE_MAX && keylock == 0 ->
+            row.fence = NEXT_FENCE;          /* free: released, or a takeover */
+            new_tenure(h, t, KIND_CLAIM);
+            out = row.fence
+        fi
+    fi;
+    acq = row.age
+}
+
+/* lease_renew_each / lease_renew for one lease: ok, and the span the server granted
+   from its own clock (expires_at - server_time); t == 0 is a NULL ttl. */
+inline lease_renew(h, t, ok, granted) {
+    if
+    :: row.exists && row.holder == h && !row.released ->
+        if
+        :: t != 0 -> row.ttl = t
+        :: else -> skip
+        fi;
+        RENEW_EXPIRY;
+        ok = 1;
+        granted = row.left
+    :: else ->
+        ok = 0;
+        granted = 0
+    fi
+}
+
+/* lease_release(name, holder, min_hold[, fence]); mh == 0 is a NULL min_hold. */
+inline lease_release(h, mh, f, ok) {
+    if
+    :: row.exists && !row.released && RELEASE_MATCH(h, f) ->
+        row.released = 1;
+        if
+        :: mh == 0 -> row.left = 0
+        :: mh != 0 && mh > row.age -> row.left = mh - row.age   /* resting */
+        :: mh != 0 && mh <= row.age -> row.left = 0
+        fi;
+        ok = 1
+    :: else -> ok = 0
+    fi
+}
+
+/* lease_steal(name, ttl, holder, older_than => '0'): the new fence, or EXHAUSTED. The
+   includer runs it only while keylock == 0: the UPDATE waits for a fenced transaction. */
+inline lease_steal(h, t, out) {
+    if
+    :: !row.exists ->
+        row.exists = 1;
+        row.fence = FLOOR;
+        new_tenure(h, t, KIND_CLAIM);
+        out = row.fence
+    :: row.exists && row.fence == FENCE_MAX -> out = EXHAUSTED
+    :: row.exists && row.fence != FENCE_MAX ->
+        row.fence = NEXT_FENCE;
+        if
+        :: row.released || row.left == 0 -> new_tenure(h, t, KIND_CLAIM)
+        :: else -> new_tenure(h, t, KIND_STOLEN)
+        fi;
+        out = row.fence
+    fi
+}
+
+/* lease_holds(name, holder, fence): true iff unexpired, unreleased, this holder and
+   fence; it locks the row FOR KEY SHARE, which every grant (a key change) waits for,
+   until the caller's transaction ends. */
+inline lease_holds(h, f, ok) {
+    ok = (row.exists && row.holder == h && row.fence == f && !row.released
+          && row.left > 0);
+#ifndef MUT_HOLDS_NOLOCK
+    if
+    :: ok -> keylock++
+    :: else -> skip
+    fi
+#endif
+}
