@@ -20,8 +20,18 @@ from pylease.errors import LeaseLost
 logger = logging.getLogger("pylease")
 
 MAX_MARGIN = 10.0
+# Contract section 5, "Clocks": the rates of the client's monotonic clock and of the
+# server's clock differ by at most 0.1 %; what a holder believes ends this far before
+# the expiry it computed, twice the bound of the ttl and at least 50 ms (model/).
+DRIFT = 0.002
+DRIFT_FLOOR = 0.05
 
 LostCallback = Callable[[LeaseLost], object]
+
+
+def drift_margin(ttl: float) -> float:
+    """How long before its computed expiry a holder stops believing (clock-rate bound)."""
+    return max(ttl * DRIFT, DRIFT_FLOOR)
 
 
 def margin(ttl: float) -> float:
@@ -88,9 +98,22 @@ class Ticket:
     def interval(self) -> float:
         return self.ttl / 3
 
+    @property
+    def believed_until(self) -> float:
+        """Until when (keeper's clock) a holder may believe it holds: the expiry less the
+        clock-rate margin, since our clock may run slower than the server's."""
+        return self.expires - drift_margin(self.ttl)
+
     def renewed(self, sent_at: float, granted: float | None = None) -> None:
         """A renewal sent at ``sent_at`` succeeded; ``granted``: the seconds the server
-        gave it from its own now (None: the ttl)."""
+        gave it from its own now (None: the ttl).
+
+        An answer read after the belief had ended revives nothing: the holder may have
+        been granted the name again since (another tenure, the same holder), and a
+        renewal of that tenure says nothing about this one.
+        """
+        if monotonic() >= self.believed_until:
+            return
         self.expires = max(self.expires, sent_at + (self.ttl if granted is None else granted))
         self.due = sent_at + self.interval
         self.renewals += 1
@@ -112,7 +135,7 @@ class Ticket:
             return LeaseLost(self.name, self.lost.reason)
         if self.pid != os.getpid():
             return LeaseLost(self.name, f"it is held by the parent process (pid {self.pid})")
-        if monotonic() >= self.expires:
+        if monotonic() >= self.believed_until:
             return LeaseLost(self.name, "its ttl ran out without a renewal")
         return None
 

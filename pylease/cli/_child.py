@@ -5,10 +5,10 @@ it; 127 when the command does not exist; 126 when it cannot be executed.
 
 A command must not outlive the lease it runs under: once the lease is lost it gets
 SIGTERM, and SIGKILL ``--kill-after`` later but never later than the lease's local
-expiry (the moment the last successful claim or renewal was sent, plus the ttl,
-which comes no later than the server's expiry). The local expiry is watched on its
-own, so a keeper that is late to declare the loss still cannot let the command run
-past it.
+expiry (the moment the last successful claim or renewal was sent, plus the ttl, less
+the clock-rate margin: no later than the server's expiry). The local expiry is watched
+on its own, so a keeper that is late to declare the loss still cannot let the command
+run past it.
 
 "The command" is its whole process group: the child starts a group of its own, every
 stop goes to the group, and when the child exits, what it left running in the group (a
@@ -72,7 +72,7 @@ def time_left(held: Any) -> Callable[[], float]:
     from pylease._acompat import monotonic  # the keeper's clock, which expiries are on
 
     ticket = held._ticket
-    return lambda: float(ticket.expires) - monotonic()
+    return lambda: float(ticket.believed_until) - monotonic()
 
 
 def exit_code(returncode: int) -> int:

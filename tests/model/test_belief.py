@@ -21,7 +21,6 @@ from pylease._ticket import Ticket
 from pylease.errors import LeaseLost
 
 MODEL = Path(__file__).resolve().parents[2] / "model" / "pylease.pml"
-ITEM_18 = "issue 21 item 18, not fixed yet: no drift margin in what a holder believes"
 
 
 def constant(name: str) -> int:
@@ -88,7 +87,6 @@ def test_a_claim_is_believed_from_its_send_time(clock: Clock, ttl: float) -> Non
     assert believes(h)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM_18)
 @pytest.mark.parametrize("ttl", [10.0, 100.0])
 def test_a_claim_is_not_believed_within_the_margin_of_its_expiry(clock: Clock, ttl: float) -> None:
     h = held(ttl, sent_at=1000.0)
@@ -122,7 +120,6 @@ def test_a_renewal_never_moves_the_belief_earlier(clock: Clock) -> None:
     assert believes(h)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM_18)
 def test_a_renewal_is_not_believed_within_the_margin_of_its_expiry(clock: Clock) -> None:
     ttl = 10.0
     h = held(ttl, sent_at=1000.0)
@@ -131,10 +128,6 @@ def test_a_renewal_is_not_believed_within_the_margin_of_its_expiry(clock: Clock)
     assert not believes(h)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="model finding, not fixed yet: a late renewal answer revives a belief (docs/model.md)",
-)
 def test_a_renewal_answer_read_after_the_belief_ended_does_not_revive_it(clock: Clock) -> None:
     ttl = 10.0
     h = held(ttl, sent_at=1000.0)
