@@ -5,7 +5,8 @@ healthy before every test. In each scenario a workload runs through the fault:
 holders on the multi-host DSN (``target_session_attrs=read-write``) claim names,
 two per name so that every release or expiry is contested, make fenced writes
 (``lease_holds`` in the same statement) and report their belief to the witness; one
-holder per test keeps a long lease through the whole fault. The verdict is read on
+holder per test keeps a long lease through the whole fault, and in synchronous mode two
+``run_as_leader`` candidates lead in short terms through it. The verdict is read on
 the final leader: no fence issued twice, no fenced write accepted from a stale
 holder, no holder that still believed after the lease was granted to another, and in
 synchronous mode no acknowledged grant or fenced write lost.
@@ -31,7 +32,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from pylease import DatabaseUnavailable, LeaseBusy, LeaseLost, PyleaseError, lease
+from pylease import (
+    DatabaseUnavailable,
+    Held,
+    LeaseBusy,
+    LeaseLost,
+    PyleaseError,
+    lease,
+    run_as_leader,
+)
 from tests.support.fenced_command import FENCED_WRITE
 from tests.support.patroni import BOUND, MAXIMUM_LAG, TTL, Cluster, Node, cluster, wait_until
 from tests.support.witness import Witness
@@ -104,6 +113,8 @@ class Workload:
     witness: Witness
     names: list[str]
     keeper: str  # the name whose holder keeps it, as long as it can, until stop
+    # A name two run_as_leader candidates campaign for, leading in short terms ("": none).
+    elected: str = ""
     grants: list[tuple[str, str, int]] = field(default_factory=list)
     writes: list[tuple[str, str, int, int]] = field(default_factory=list)
     refused: list[tuple[str, str, int]] = field(default_factory=list)
@@ -121,6 +132,11 @@ class Workload:
             for name in [*self.names, self.keeper]
             for i in range(2)
         ]
+        if self.elected:
+            self.threads += [
+                threading.Thread(target=self._candidate, args=(f"c{i}",), daemon=True)
+                for i in range(2)
+            ]
 
     def __enter__(self) -> Workload:
         for thread in self.threads:
@@ -173,6 +189,41 @@ class Workload:
             for conn in writer:
                 conn.close()
 
+    def _candidate(self, who: str) -> None:
+        """A leader: run_as_leader, whose work makes fenced writes while its term lasts."""
+        name = self.elected
+        writer: list[psycopg.Connection[Any]] = []
+
+        def work(term: Held) -> None:
+            self.witness.grant(name, term.holder, term.fence)
+            with self.lock:
+                self.grants.append((name, term.holder, term.fence))
+            until = time.monotonic() + 5 * HOLD
+            while time.monotonic() < until and not self.stop.is_set():
+                if not self.witness.sample(term, who=who):
+                    return
+                self._write(writer, name, term.holder, term.fence)
+                self.stop.wait(0.05)
+
+        try:
+            while not self.stop.is_set():
+                try:
+                    run_as_leader(
+                        self.cluster.dsn, name, SHORT_TTL, work, stop=self.stop, poll_interval=0.2
+                    )
+                except LeaseLost as exc:
+                    with self.lock:
+                        self.lost.append((name, who, 0, exc.reason))
+                except DatabaseUnavailable:
+                    self.stop.wait(0.2)  # no primary yet: a failover is under way
+                except PyleaseError as exc:
+                    with self.lock:
+                        self.failures.append(f"{name}: {exc!r}")
+                    self.stop.wait(0.2)
+        finally:
+            for conn in writer:
+                conn.close()
+
     def _write(
         self, writer: list[psycopg.Connection[Any]], name: str, holder: str, fence: int
     ) -> None:
@@ -197,6 +248,11 @@ class Workload:
         with self.lock:
             return sum(1 for n, _h, f in self.grants if n != self.keeper and f >= floor(timeline))
 
+    def elected_on(self, timeline: int) -> bool:
+        """Whether a run_as_leader candidate began a term on ``timeline`` or later."""
+        with self.lock:
+            return any(n == self.elected and f >= floor(timeline) for n, _h, f in self.grants)
+
     def progress(self) -> int:
         with self.lock:
             return len(self.grants) + len(self.writes)
@@ -210,7 +266,7 @@ def verdict(
     ``also``: names held outside the workload (whose grants the witness has).
     """
     witness.assert_sound()
-    names = [*work.names, work.keeper, *also]
+    names = [*work.names, work.keeper, *([work.elected] if work.elected else []), *also]
     for name in also:
         for grant in witness.grants(name):
             work.grants.append((name, grant.holder, int(grant.fields["fence"])))
@@ -291,7 +347,7 @@ def test_switchover_loses_nothing_and_the_keepers_keep_their_leases(
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        with Workload(sync_cluster, witness, churn, keeper) as work:
+        with Workload(sync_cluster, witness, churn, keeper, f"{keeper}-leader") as work:
             run_until("the workload to start", lambda: work.progress() > 20 and work.keeper_fences)
             run_until("pylease run to hold", lambda: witness.grants(run_name))
             count = "SELECT count(*) FROM fenced_writes WHERE name = %s"
@@ -304,6 +360,7 @@ def test_switchover_loses_nothing_and_the_keepers_keep_their_leases(
             assert new is candidate
             assert new.timeline() == timeline + 1
             run_until("grants on the new timeline", lambda: work.granted_on(timeline + 1) >= 3)
+            run_until("a term on the new timeline", lambda: work.elected_on(timeline + 1))
             sync_cluster.wait_healthy()
         stop_file.touch()
         out, err = run.communicate(timeout=BOUND)
@@ -327,7 +384,7 @@ def _crash_or_cut(
     old = made.wait_leader()
     timeline = old.timeline()
     churn, keeper = names(prefix)
-    with Workload(made, witness, churn, keeper) as work:
+    with Workload(made, witness, churn, keeper, f"{keeper}-leader") as work:
         run_until("the workload to start", lambda: work.progress() > 20 and work.keeper_fences)
         started = time.monotonic()
         if fault == "postmaster":
@@ -345,6 +402,7 @@ def _crash_or_cut(
         new = found[0]
         took = time.monotonic() - started
         run_until("grants on the new timeline", lambda: work.granted_on(new.timeline()) >= 3)
+        run_until("a term on the new timeline", lambda: work.elected_on(new.timeline()))
     return old, new, work, took
 
 
