@@ -22,7 +22,7 @@ from pylease._acompat import AEvent, monotonic
 from pylease._hub_async import AsyncWatcher
 from pylease._links_async import AsyncLink, link
 from pylease._operations import LeaseRow
-from pylease._waiting_async import next_pause
+from pylease._waiting_async import STOP_SLICE, next_pause
 
 # Seconds between reads of the row when nothing wakes a watcher first (a steal, or a
 # grant after a long vacancy, is seen this late at worst).
@@ -31,8 +31,6 @@ POLL = 1.0
 SQLITE_POLL = 0.05
 # After a vacancy, a grant usually follows within milliseconds: look again soon.
 FIRST_RECHECK = 0.01
-# A thread's stop event is looked at this often while waiting (sync only).
-STOP_SLICE = 0.2
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 Callback = Callable[[Any], object]
