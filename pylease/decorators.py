@@ -4,6 +4,13 @@ The decorator for work that frameworks schedule (a Celery task, an APScheduler j
 cron entry point): at most one call at a time across every process that reaches the
 same database. It is :func:`pylease.run_exclusive` / :func:`pylease.arun_exclusive`
 around each call, with the lease name formatted from the call's arguments.
+
+The lease covers the call, so only callables whose work is done when the call (or its
+await) returns are accepted: a generator function's body runs while the caller iterates,
+after the call returned, so generator and async generator functions (and objects whose
+``__call__`` is one) are refused at decoration, and a plain function that returns a
+generator, a coroutine or another awaitable is refused when it does, before that work ran.
+An object whose ``__call__`` is a coroutine function is awaited under the lease.
 """
 
 from __future__ import annotations
@@ -11,8 +18,8 @@ from __future__ import annotations
 import functools
 import inspect
 import string
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator, Mapping
+from typing import Any, Literal, NoReturn, ParamSpec, Protocol, TypeVar, cast, overload
 
 from pylease import _checks
 from pylease._types import AsyncTarget, Duration, Target
@@ -32,8 +39,16 @@ LEASE_OPTIONS = frozenset(
 ASYNC_OPTIONS = LEASE_OPTIONS | {"cancel_on_lost"}
 
 
+# A generator function is refused at decoration (see the module's docstring): typed as
+# a decorator that never returns.
+Refused = Callable[..., Generator[Any, Any, Any] | AsyncGenerator[Any, Any]]
+
+
 class ExclusiveOrNone(Protocol):
     """What ``exclusive(...)`` returns: a decorator whose functions return None when busy."""
+
+    @overload
+    def __call__(self, fn: Refused) -> NoReturn: ...
 
     @overload
     def __call__(
@@ -46,6 +61,9 @@ class ExclusiveOrNone(Protocol):
 
 class ExclusiveOrRaise(Protocol):
     """What ``exclusive(..., busy="raise")`` returns: its functions raise LeaseBusy."""
+
+    @overload
+    def __call__(self, fn: Refused) -> NoReturn: ...
 
     @overload
     def __call__(
@@ -106,9 +124,13 @@ def exclusive(
     :param lease_options: ``holder``, ``wait``, ``heartbeat``, ``on_lost``, ``min_hold``,
         ``heartbeat_target``, ``poll_interval``, and ``cancel_on_lost`` for coroutine
         functions, as for :func:`pylease.lease` and :func:`pylease.alease`.
-    :raises InvalidArgument: at decoration, a bad ttl, ``busy`` or template, or a field
-        the function has no parameter for; at call time, a field the call cannot fill.
-    :raises TypeError: an unknown lease option.
+    :raises InvalidArgument: at decoration, a bad ttl, ``busy`` or template, a field
+        the function has no parameter for, or a generator function (the lease would end
+        before its body runs: hold it inside, ``with lease(...)`` around the ``yield``
+        loop); at call time, a field the call cannot fill.
+    :raises TypeError: an unknown lease option; at call time, a plain function that
+        returned a generator, a coroutine or another awaitable (its work would run
+        after the release), which is closed unstarted.
     """
     if busy not in ("return", "raise"):
         raise InvalidArgument('pylease: busy must be "return" or "raise"', parameter="busy")
@@ -121,14 +143,24 @@ def exclusive(
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
             raise InvalidArgument("pylease: exclusive() decorates a callable", parameter="fn")
+        kind = _kind(fn)
+        if kind in ("generator", "async generator"):
+            raise InvalidArgument(
+                f"pylease: exclusive() cannot decorate {_qualname(fn)}, a {kind} function:"
+                " its body runs while the caller iterates, after the call (and the lease)"
+                " ended; hold the lease inside it (`with lease(...)` around the loop that"
+                " yields) or decorate the function that consumes it",
+                parameter="fn",
+            )
         lease_name = _namer(fn, name, fields)
-        if inspect.iscoroutinefunction(fn):
+        if kind == "coroutine":
             return _async_wrapper(fn, target, lease_name, ttl, busy, lease_options)
         if "cancel_on_lost" in lease_options:
             raise TypeError("exclusive(): cancel_on_lost is for coroutine functions only")
         return _sync_wrapper(fn, target, lease_name, ttl, busy, lease_options)
 
-    return decorate
+    # Typed by its overloads: one that never returns (a generator function is refused).
+    return cast(ExclusiveOrNone | ExclusiveOrRaise, decorate)
 
 
 def _sync_wrapper(
@@ -139,13 +171,16 @@ def _sync_wrapper(
     busy: Busy,
     options: dict[str, Any],
 ) -> Callable[..., Any]:
+    def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return _done(fn, fn(*args, **kwargs))
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         name = lease_name(args, kwargs)
         if busy == "raise":
             with lease(target, name, ttl, **options):
-                return fn(*args, **kwargs)
-        return run_exclusive(target, name, ttl, lambda: fn(*args, **kwargs), **options).result
+                return call(args, kwargs)
+        return run_exclusive(target, name, ttl, lambda: call(args, kwargs), **options).result
 
     return wrapper
 
@@ -158,7 +193,11 @@ def _async_wrapper(
     busy: Busy,
     options: dict[str, Any],
 ) -> Callable[..., Any]:
-    @functools.wraps(fn)
+    # An object whose __call__ is a coroutine function is wrapped as that method is,
+    # so the wrapper is a coroutine function with its signature.
+    wrapped = fn if inspect.iscoroutinefunction(fn) else getattr(fn, "__call__", fn)  # noqa: B004
+
+    @functools.wraps(wrapped)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         name = lease_name(args, kwargs)
         if busy == "raise":
@@ -168,6 +207,48 @@ def _async_wrapper(
         return outcome.result
 
     return wrapper
+
+
+def _calls(fn: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """What a call of ``fn`` runs: ``fn``, and for a callable object its ``__call__``."""
+    yield fn
+    inner = fn
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    if not (inspect.isroutine(inner) or inspect.isclass(inner)):
+        call = getattr(inner, "__call__", None)  # noqa: B004 (the method itself is wanted)
+        if call is not None:
+            yield call
+
+
+def _kind(fn: Callable[..., Any]) -> str:
+    """``coroutine``, ``generator``, ``async generator`` or ``plain``: what calling gives."""
+    for call in _calls(fn):
+        if inspect.isasyncgenfunction(call):
+            return "async generator"
+        if inspect.isgeneratorfunction(call):
+            return "generator"
+        if inspect.iscoroutinefunction(call):
+            return "coroutine"
+    return "plain"
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__qualname__) + "()"
+
+
+def _done(fn: Callable[..., Any], result: Any) -> Any:
+    """``result``, unless it is work still to be done: refused, and closed unstarted."""
+    if inspect.isgenerator(result) or inspect.iscoroutine(result):
+        result.close()
+    elif not (inspect.isasyncgen(result) or inspect.isawaitable(result)):
+        return result
+    raise TypeError(
+        f"pylease: {_qualname(fn)} decorated with exclusive() returned"
+        f" {type(result).__name__!r}, whose work would run after the lease is released;"
+        " decorate the function that runs it (a coroutine function is awaited under the"
+        " lease)"
+    )
 
 
 def _template_fields(template: object) -> list[str]:
@@ -210,7 +291,7 @@ def _namer(
     if missing:
         raise InvalidArgument(
             f"pylease: name {template!r} uses {', '.join(missing)}, which "
-            f"{fn.__qualname__}() has no parameter for",
+            f"{_qualname(fn)} has no parameter for",
             parameter="name",
         )
 

@@ -4,12 +4,14 @@ tests/support/typed_exclusive.py."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from datetime import date
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +216,51 @@ def test_mypy_strict_accepts_the_typed_sample_and_sees_the_signature(tmp_path: P
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# Issue 21, item 4: the lease covers the call, so a callable whose work runs after the
+# call returned (a generator) would run unprotected: two bodies ran at once.
+
+
+def test_a_generator_function_is_refused_at_decoration(dsn: str, conn: Conn) -> None:
+    def rows(n: int) -> Iterator[int]:
+        yield from range(n)
+
+    class Rows:
+        def __call__(self, n: int) -> Iterator[int]:
+            yield from range(n)
+
+    for fn in (rows, Rows(), functools.partial(rows, 3)):
+        with pytest.raises(InvalidArgument, match="generator function") as info:
+            exclusive(dsn, "rows", ttl=30)(fn)
+        assert info.value.parameter == "fn"
+    assert status(conn, "rows") is None  # nothing was claimed
+
+
+def test_a_plain_function_returning_work_to_do_is_refused_inside_the_lease(
+    dsn: str, conn: Conn
+) -> None:
+    ran: list[list[str]] = []
+
+    def body() -> Iterator[int]:
+        ran.append(held_names(conn))
+        yield 1
+
+    async def coroutine() -> None:
+        ran.append(held_names(conn))
+
+    @exclusive(dsn, "lazy", ttl=30)
+    def lazy() -> Iterator[int]:
+        return body()
+
+    @exclusive(dsn, "later", ttl=30, busy="raise")
+    def later() -> Coroutine[Any, Any, None]:
+        return coroutine()
+
+    with pytest.raises(TypeError, match="after the lease is released"):
+        lazy()
+    with pytest.raises(TypeError, match="after the lease is released"):
+        later()  # closed unstarted: no "never awaited" warning either
+    assert ran == []
+    assert held_names(conn) == []  # both released
+

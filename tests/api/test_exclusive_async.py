@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -113,3 +114,49 @@ async def test_wraps_keeps_a_coroutine_function(dsn: str) -> None:
     assert wrapped.__name__ == "job" and wrapped.__doc__ == "The job."
     assert inspect.signature(wrapped) == inspect.signature(job)
     assert await wrapped(5) == 5
+
+
+# Issue 21, item 4: the lease covers the call and its await; work that runs later
+# (an async generator) is refused, an object with an async __call__ is awaited under it.
+
+
+def test_an_async_generator_function_is_refused_at_decoration(dsn: str, conn: Conn) -> None:
+    async def rows(n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+
+    class Rows:
+        async def __call__(self, n: int) -> AsyncIterator[int]:
+            yield n
+
+    for fn in (rows, Rows()):
+        with pytest.raises(InvalidArgument, match="async generator function") as info:
+            exclusive(dsn, "rows", ttl=30)(fn)
+        assert info.value.parameter == "fn"
+    assert status(conn, "rows") is None  # nothing was claimed
+
+
+async def test_an_object_with_an_async_call_is_awaited_under_the_lease(
+    dsn: str, conn: Conn
+) -> None:
+    seen: list[list[str]] = []
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    class Sync:
+        async def __call__(self, tenant: str) -> str:
+            seen.append(await asyncio.to_thread(held_names, conn))
+            started.set()
+            await finish.wait()
+            return tenant
+
+    sync = exclusive(dsn, "sync-{tenant}", ttl=30)(Sync())
+    assert inspect.iscoroutinefunction(sync)
+    first = asyncio.create_task(sync("acme"))
+    await started.wait()
+    # Held while the first body runs: the others are busy, their bodies never start.
+    assert await asyncio.gather(sync("acme"), sync(tenant="acme")) == [None, None]
+    finish.set()
+    assert await first == "acme"
+    assert seen == [["sync-acme"]]
+    assert await asyncio.to_thread(held_names, conn) == []

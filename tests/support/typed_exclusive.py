@@ -8,8 +8,9 @@ itself an error, so a decorator that erased the signature fails the check).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from datetime import date
-from typing import assert_type
+from typing import NoReturn, assert_type
 
 from pylease import exclusive
 
@@ -36,6 +37,25 @@ async def sync_or_raise(tenant: str) -> list[str]:
     return [tenant]
 
 
+class Compact:
+    """An object whose __call__ is a coroutine function: awaited under the lease."""
+
+    async def __call__(self, table: str) -> int:
+        return len(table)
+
+
+compact = exclusive(DSN, "compact-{table}", ttl=60)(Compact())
+
+
+def numbers(n: int) -> Generator[int, None, None]:
+    yield from range(n)
+
+
+def refused() -> None:
+    # A generator function is refused at decoration: the decorator never returns.
+    assert_type(exclusive(DSN, "numbers", ttl=60)(numbers), NoReturn)
+
+
 async def use() -> None:
     assert_type(report(date.today()), int | None)
     assert_type(report(date.today(), kind="weekly"), int | None)
@@ -43,6 +63,7 @@ async def use() -> None:
     assert_type(await sync("acme"), list[str] | None)
     assert_type(await sync("acme", retries=1), list[str] | None)
     assert_type(await sync_or_raise("acme"), list[str])
+    assert_type(await compact("events"), int | None)
 
     report("2026-12-01")  # type: ignore[arg-type]
     report(date.today(), kind=1)  # type: ignore[arg-type]
@@ -50,3 +71,4 @@ async def use() -> None:
     report_or_raise()  # type: ignore[call-arg]
     await sync(42)  # type: ignore[arg-type]
     await sync_or_raise("acme", "extra")  # type: ignore[call-arg]
+    await compact(7)  # type: ignore[arg-type]
