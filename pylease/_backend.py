@@ -199,8 +199,13 @@ class Backend:
         self._call(UNWAIT, (name, waiter, granted), name)
 
 
+# How a release runs: the statement, and what to run instead when it runs again (None:
+# it may not). See Link.run_release.
+ReleaseOp = Callable[[Backend], bool]
+
+
 def release_tenure(
-    run: Callable[[Callable[[Backend], bool]], bool],
+    run: Callable[[ReleaseOp, ReleaseOp | None], bool],
     name: str,
     holder: str,
     min_hold: timedelta | None,
@@ -209,18 +214,29 @@ def release_tenure(
     """Release one tenure through ``run`` (a link's or a source's): a late release of an
     earlier tenure then frees nothing. A schema before pylease-0006 has no such release,
     so there it releases whatever tenure the holder has, in a statement of its own (as
-    it does when the fence is not known)."""
+    it does when the fence is not known), which is never sent twice."""
 
     def give_back(b: Backend) -> bool:
         return b.release(name, holder, min_hold, fence)
+
+    def give_back_again(b: Backend) -> bool:
+        if b.release(name, holder, min_hold, fence):
+            return True
+        # The attempt that failed may have reached the server and released it: the row
+        # then still names this tenure, given back (nobody else releases a holder's).
+        rows = b.status(name)
+        return any(
+            r.holder == holder and r.fence == fence and r.state in ("released", "resting")
+            for r in rows
+        )
 
     def give_back_any(b: Backend) -> bool:
         return b.release(name, holder, min_hold)
 
     if fence is None:
-        return run(give_back_any)
+        return run(give_back_any, None)
     try:
-        return run(give_back)
+        return run(give_back, give_back_again)
     except SchemaMissing:
         # A schema missing altogether fails here again.
-        return run(give_back_any)
+        return run(give_back_any, None)

@@ -198,8 +198,13 @@ class AsyncBackend:
         await self._call(UNWAIT, (name, waiter, granted), name)
 
 
+# How a release runs: the statement, and what to run instead when it runs again (None:
+# it may not). See AsyncLink.run_release.
+AsyncReleaseOp = Callable[[AsyncBackend], Awaitable[bool]]
+
+
 async def release_tenure(
-    run: Callable[[Callable[[AsyncBackend], Awaitable[bool]]], Awaitable[bool]],
+    run: Callable[[AsyncReleaseOp, AsyncReleaseOp | None], Awaitable[bool]],
     name: str,
     holder: str,
     min_hold: timedelta | None,
@@ -208,18 +213,29 @@ async def release_tenure(
     """Release one tenure through ``run`` (a link's or a source's): a late release of an
     earlier tenure then frees nothing. A schema before pylease-0006 has no such release,
     so there it releases whatever tenure the holder has, in a statement of its own (as
-    it does when the fence is not known)."""
+    it does when the fence is not known), which is never sent twice."""
 
     async def give_back(b: AsyncBackend) -> bool:
         return await b.release(name, holder, min_hold, fence)
+
+    async def give_back_again(b: AsyncBackend) -> bool:
+        if await b.release(name, holder, min_hold, fence):
+            return True
+        # The attempt that failed may have reached the server and released it: the row
+        # then still names this tenure, given back (nobody else releases a holder's).
+        rows = await b.status(name)
+        return any(
+            r.holder == holder and r.fence == fence and r.state in ("released", "resting")
+            for r in rows
+        )
 
     async def give_back_any(b: AsyncBackend) -> bool:
         return await b.release(name, holder, min_hold)
 
     if fence is None:
-        return await run(give_back_any)
+        return await run(give_back_any, None)
     try:
-        return await run(give_back)
+        return await run(give_back, give_back_again)
     except SchemaMissing:
         # A schema missing altogether fails here again.
-        return await run(give_back_any)
+        return await run(give_back_any, None)

@@ -14,7 +14,9 @@ second keeper. A group ticks every third of its shortest ttl. A failed tick
 expiry minus a safety margin; a lease that no renewal could keep by then, or that a
 renewal answers false for, is lost: its ticket records why, the task running its body
 is cancelled (async, ``cancel_on_lost``), and only then its ``on_lost`` callback runs,
-in a task (a thread) of its own, so a slow or stuck callback never delays a renewal.
+in a task (a thread) of its own, so a slow or stuck callback never delays a renewal
+(on an event loop a plain function runs on a worker thread, since even a task of its
+own would block the loop while it blocks).
 A lease whose ``Held`` was collected while its block was never left is abandoned: no
 longer renewed, and released on pylease's own connection.
 
@@ -38,7 +40,7 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import Condition, Worker, condition_wait, monotonic, sleep, spawn
-from pylease._backend import Backend, release_tenure
+from pylease._backend import Backend, ReleaseOp, release_tenure
 from pylease._links import Source
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
@@ -88,10 +90,12 @@ def renew_leases(b: Backend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
 
 
 def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
-    if ticket.on_lost is None:
+    on_lost = ticket.on_lost
+    if on_lost is None:
         return
+    told = LeaseLost(error.name or ticket.name, error.reason)
     try:
-        ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+        on_lost(told)
     except Exception:
         logger.exception("on_lost callback for lease %r failed", ticket.name)
 
@@ -323,9 +327,9 @@ class Keeper:
         )
         name, holder = ticket.name, ticket.holder
 
-        def run(op: Callable[[Backend], bool]) -> bool:
+        def run(op: ReleaseOp, again: ReleaseOp | None) -> bool:
             # The source, never the caller's connection: that one may be in use.
-            return group.source.run(op, name=name)
+            return group.source.run(op, name=name, urgent=True)
 
         try:
             release_tenure(run, name, holder, None, ticket.fence)
@@ -366,7 +370,7 @@ class Keeper:
             # Never cancelled (a cancel could report a commit the standby may not have):
             # a statement that hangs is bounded by its source, which abandons the
             # connection, and the keeper declares the loss at the deadline meanwhile.
-            rows = group.source.run(renew, retry=True)
+            rows = group.source.run(renew, retry=True, urgent=True)
         except Exception as exc:
             group.failures += 1
             group.last_error = exc

@@ -13,7 +13,9 @@ second keeper. A group ticks every third of its shortest ttl. A failed tick
 expiry minus a safety margin; a lease that no renewal could keep by then, or that a
 renewal answers false for, is lost: its ticket records why, the task running its body
 is cancelled (async, ``cancel_on_lost``), and only then its ``on_lost`` callback runs,
-in a task (a thread) of its own, so a slow or stuck callback never delays a renewal.
+in a task (a thread) of its own, so a slow or stuck callback never delays a renewal
+(on an event loop a plain function runs on a worker thread, since even a task of its
+own would block the loop while it blocks).
 A lease whose ``Held`` was collected while its block was never left is abandoned: no
 longer renewed, and released on pylease's own connection.
 
@@ -38,7 +40,7 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
-from pylease._backend_async import AsyncBackend, release_tenure
+from pylease._backend_async import AsyncBackend, AsyncReleaseOp, release_tenure
 from pylease._links_async import AsyncSource
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
@@ -97,15 +99,23 @@ async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[A
 
 
 async def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
-    if ticket.on_lost is None:
+    on_lost = ticket.on_lost
+    if on_lost is None:
         return
+    told = LeaseLost(error.name or ticket.name, error.reason)
     try:
         if True:  # ASYNC
-            outcome = ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+            if inspect.iscoroutinefunction(on_lost):
+                outcome = on_lost(told)
+            else:
+                # A plain function may block (a sleep, a lock, blocking I/O): on the loop
+                # it would hold up every renewal and the cancelled body's exit, so it
+                # runs on a worker thread, as the sync keeper runs it on a thread.
+                outcome = await asyncio.to_thread(on_lost, told)
             if inspect.isawaitable(outcome):
                 await outcome
         else:
-            ticket.on_lost(LeaseLost(error.name or ticket.name, error.reason))
+            on_lost(told)
     except Exception:
         logger.exception("on_lost callback for lease %r failed", ticket.name)
 
@@ -396,9 +406,9 @@ class AsyncKeeper:
         )
         name, holder = ticket.name, ticket.holder
 
-        async def run(op: Callable[[AsyncBackend], Awaitable[bool]]) -> bool:
+        async def run(op: AsyncReleaseOp, again: AsyncReleaseOp | None) -> bool:
             # The source, never the caller's connection: that one may be in use.
-            return await group.source.run(op, name=name)
+            return await group.source.run(op, name=name, urgent=True)
 
         try:
             await release_tenure(run, name, holder, None, ticket.fence)
@@ -439,7 +449,7 @@ class AsyncKeeper:
             # Never cancelled (a cancel could report a commit the standby may not have):
             # a statement that hangs is bounded by its source, which abandons the
             # connection, and the keeper declares the loss at the deadline meanwhile.
-            rows = await group.source.run(renew, retry=True)
+            rows = await group.source.run(renew, retry=True, urgent=True)
         except Exception as exc:
             group.failures += 1
             group.last_error = exc

@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from pylease import dsn as dsn_mod
-from pylease._acompat import Lock, Mutex, to_thread
+from pylease._acompat import Lock, Mutex, monotonic, to_thread
 from pylease._backend import Backend
 from pylease._orm import adapt
 from pylease._targets import bad_target as bad_target
@@ -42,7 +42,7 @@ from pylease._targets import pool_class
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
 from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
-from pylease.postgres._abandon import Abandon, start_timer
+from pylease.postgres._abandon import Abandon, Abandoned, start_timer
 from pylease.postgres._backend import PostgresBackend, wrap_errors
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
@@ -64,15 +64,33 @@ logger = logging.getLogger("pylease")
 # connection is abandoned (see pylease.postgres._abandon): with the connect timeout, what
 # bounds the release after a renewal hung, so a block ends within 10 s of its body.
 STATEMENT_BOUND = 3.0
+# A failure within this long came from a connection that was already broken (it broke
+# while idle: a restart, a terminated backend, an idle_session_timeout), not from a
+# database that stopped answering: worth another attempt on a fresh connection.
+AT_ONCE = 1.0
 
 
 @contextlib.contextmanager
 def bounded(conn: psycopg.Connection[Any], seconds: float = STATEMENT_BOUND) -> Iterator[None]:
-    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``."""
+    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``.
+
+    Every statement pylease runs is bounded so, on whoever's connection it runs: its
+    own, a pool's, a dedicated one or the caller's (a connection that stopped answering
+    for that long is broken either way; a pool replaces it). The failure is then
+    :class:`Abandoned`: the statement may have reached the server.
+    """
     abandon = Abandon(conn)
     cancel = start_timer(seconds, abandon.fire)
     try:
         yield
+    except DatabaseUnavailable as exc:
+        if abandon.fired:
+            raise Abandoned(
+                f"pylease: database unavailable: no answer within {seconds:g}s, so the"
+                " connection was abandoned",
+                name=exc.name,
+            ) from exc
+        raise
     finally:
         abandon.disarm()
         cancel()
@@ -96,18 +114,19 @@ def run_committed(conn: psycopg.Connection[Any], op: Op[T]) -> T:
             " transaction; pylease never runs a claim, renewal or release there (it would"
             " commit that transaction)"
         )
-    if conn.autocommit:
-        return op(PostgresBackend(conn))
-    try:
-        result = op(PostgresBackend(conn))
-    except BaseException:
-        if not conn.closed:
-            with wrap_errors():
-                conn.rollback()
-        raise
-    with wrap_errors():
-        conn.commit()
-    return result
+    with bounded(conn):
+        if conn.autocommit:
+            return op(PostgresBackend(conn))
+        try:
+            result = op(PostgresBackend(conn))
+        except BaseException:
+            if not conn.closed:
+                with wrap_errors():
+                    conn.rollback()
+            raise
+        with wrap_errors():
+            conn.commit()
+        return result
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -123,8 +142,14 @@ class Source(Protocol):
         """How logs name it (never with a password)."""
         ...
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
-        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
+    def run(
+        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
+        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection.
+
+        ``urgent``: a renewal, or on the way out of a block, where every wait is bounded
+        (a pool's connection is waited for at most :data:`STATEMENT_BOUND`).
+        """
         ...
 
     def close(self) -> None: ...
@@ -151,7 +176,9 @@ class ConninfoSource:
     def _conninfo(self) -> str:
         return own_conninfo(self._given, HEARTBEAT_APP)
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         with self._lock:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
@@ -189,17 +216,27 @@ class PoolSource:
         self.label = f"pool {pool.name!r}"
         self.pool = pool
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
-        try:
-            return self._run(op, name)
-        except DatabaseUnavailable:
-            if not retry:
-                raise
-        # The pool replaces a connection found broken; try once more on another.
-        return self._run(op, name)
+    def run(
+        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
+        # A pool's own wait for a free connection may be long (30 s by default), and
+        # without a connect timeout of its own, endless while the database is silent.
+        wait = STATEMENT_BOUND if urgent else None
+        tries = self.pool.max_size + 1 if retry else 1
+        while True:
+            tries -= 1
+            started = monotonic()
+            try:
+                return self._run(op, name, wait)
+            except DatabaseUnavailable:
+                # After a restart every idle connection of the pool is broken: each
+                # fails at once, and the pool replaces it. A failure that took its time
+                # is a silent database, which another attempt would wait for again.
+                if tries <= 0 or monotonic() - started > AT_ONCE:
+                    raise
 
-    def _run(self, op: Op[T], name: str | None) -> T:
-        with wrap_errors(name), self.pool.connection() as conn:
+    def _run(self, op: Op[T], name: str | None, wait: float | None) -> T:
+        with wrap_errors(name), self.pool.connection(timeout=wait) as conn:
             result: T = run_committed(conn, op)
             return result
 
@@ -216,7 +253,9 @@ class ConnectionSource:
         self.conn = conn
         self._lock = Lock()
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         with self._lock:
             return run_committed(self.conn, op)
 
@@ -244,7 +283,9 @@ class SqliteSource:
                 self._conn = conn
             return self._conn
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         backend: Backend = sqlite_module().SqliteBackend(self.connection())
         return op(backend)
 
@@ -316,7 +357,9 @@ class Link:
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, SqliteSource)
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
@@ -324,16 +367,29 @@ class Link:
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
-        return self.source.run(op, name=name, retry=retry)
+        return self.source.run(op, name=name, retry=retry, urgent=urgent)
 
-    def run_release(self, op: Op[T], *, name: str) -> T:
+    def run_release(self, op: Op[T], *, name: str, again: Op[T] | None = None) -> T:
+        """Run a release, bounded; ``again`` once more on a fresh connection of the
+        source when the first attempt failed at once (its connection had broken while
+        idle). The release names its tenure, so running it twice frees nothing else;
+        ``again`` answers for a first attempt that may have done it already."""
+        started = monotonic()
+        try:
+            return self._release(op, name)
+        except DatabaseUnavailable:
+            if again is None or monotonic() - started > AT_ONCE:
+                raise
+        return self.source.run(again, name=name, retry=True, urgent=True)
+
+    def _release(self, op: Op[T], name: str) -> T:
         conn = self.conn
         if conn is not None and is_idle(conn):
             return run_committed(conn, op)
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
-        return self.source.run(op, name=name)
+        return self.source.run(op, name=name, urgent=True)
 
     def close(self) -> None:
         registry().release(self.source)

@@ -34,7 +34,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from pylease import dsn as dsn_mod
-from pylease._acompat import ALock, AMutex, ato_thread
+from pylease._acompat import ALock, AMutex, ato_thread, monotonic
 from pylease._backend_async import AsyncBackend
 from pylease._orm import adapt
 from pylease._targets import async_pool_class
@@ -43,7 +43,7 @@ from pylease._targets import is_idle as is_idle
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
 from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
-from pylease.postgres._abandon import Abandon, start_timer
+from pylease.postgres._abandon import Abandon, Abandoned, start_timer
 from pylease.postgres._backend_async import AsyncPostgresBackend, wrap_errors
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
@@ -65,25 +65,41 @@ logger = logging.getLogger("pylease")
 # connection is abandoned (see pylease.postgres._abandon): with the connect timeout, what
 # bounds the release after a renewal hung, so a block ends within 10 s of its body.
 STATEMENT_BOUND = 3.0
+# A failure within this long came from a connection that was already broken (it broke
+# while idle: a restart, a terminated backend, an idle_session_timeout), not from a
+# database that stopped answering: worth another attempt on a fresh connection.
+AT_ONCE = 1.0
 
 
 @contextlib.contextmanager
 def bounded(conn: psycopg.AsyncConnection[Any], seconds: float = STATEMENT_BOUND) -> Iterator[None]:
-    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``."""
+    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``.
+
+    Every statement pylease runs is bounded so, on whoever's connection it runs: its
+    own, a pool's, a dedicated one or the caller's (a connection that stopped answering
+    for that long is broken either way; a pool replaces it). The failure is then
+    :class:`Abandoned`: the statement may have reached the server.
+    """
     abandon = Abandon(conn)
     if True:  # ASYNC
         handle = asyncio.get_running_loop().call_later(seconds, abandon.fire)
-        try:
-            yield
-        finally:
-            abandon.disarm()
-            handle.cancel()
     else:
         cancel = start_timer(seconds, abandon.fire)
-        try:
-            yield
-        finally:
-            abandon.disarm()
+    try:
+        yield
+    except DatabaseUnavailable as exc:
+        if abandon.fired:
+            raise Abandoned(
+                f"pylease: database unavailable: no answer within {seconds:g}s, so the"
+                " connection was abandoned",
+                name=exc.name,
+            ) from exc
+        raise
+    finally:
+        abandon.disarm()
+        if True:  # ASYNC
+            handle.cancel()
+        else:
             cancel()
 
 
@@ -107,18 +123,19 @@ async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T
             " transaction; pylease never runs a claim, renewal or release there (it would"
             " commit that transaction)"
         )
-    if conn.autocommit:
-        return await op(AsyncPostgresBackend(conn))
-    try:
-        result = await op(AsyncPostgresBackend(conn))
-    except BaseException:
-        if not conn.closed:
-            with wrap_errors():
-                await conn.rollback()
-        raise
-    with wrap_errors():
-        await conn.commit()
-    return result
+    with bounded(conn):
+        if conn.autocommit:
+            return await op(AsyncPostgresBackend(conn))
+        try:
+            result = await op(AsyncPostgresBackend(conn))
+        except BaseException:
+            if not conn.closed:
+                with wrap_errors():
+                    await conn.rollback()
+            raise
+        with wrap_errors():
+            await conn.commit()
+        return result
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -134,8 +151,14 @@ class AsyncSource(Protocol):
         """How logs name it (never with a password)."""
         ...
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
-        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
+    async def run(
+        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
+        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection.
+
+        ``urgent``: a renewal, or on the way out of a block, where every wait is bounded
+        (a pool's connection is waited for at most :data:`STATEMENT_BOUND`).
+        """
         ...
 
     async def close(self) -> None: ...
@@ -162,7 +185,9 @@ class AsyncConninfoSource:
     def _conninfo(self) -> str:
         return own_conninfo(self._given, HEARTBEAT_APP)
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         async with self._lock:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
@@ -204,18 +229,28 @@ class AsyncPoolSource:
         self.label = f"pool {pool.name!r}"
         self.pool = pool
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
-        try:
-            return await self._run(op, name)
-        except DatabaseUnavailable:
-            if not retry:
-                raise
-        # The pool replaces a connection found broken; try once more on another.
-        return await self._run(op, name)
+    async def run(
+        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
+        # A pool's own wait for a free connection may be long (30 s by default), and
+        # without a connect timeout of its own, endless while the database is silent.
+        wait = STATEMENT_BOUND if urgent else None
+        tries = self.pool.max_size + 1 if retry else 1
+        while True:
+            tries -= 1
+            started = monotonic()
+            try:
+                return await self._run(op, name, wait)
+            except DatabaseUnavailable:
+                # After a restart every idle connection of the pool is broken: each
+                # fails at once, and the pool replaces it. A failure that took its time
+                # is a silent database, which another attempt would wait for again.
+                if tries <= 0 or monotonic() - started > AT_ONCE:
+                    raise
 
-    async def _run(self, op: AsyncOp[T], name: str | None) -> T:
+    async def _run(self, op: AsyncOp[T], name: str | None, wait: float | None) -> T:
         with wrap_errors(name):
-            async with self.pool.connection() as conn:
+            async with self.pool.connection(timeout=wait) as conn:
                 result: T = await run_committed(conn, op)
                 return result
 
@@ -232,7 +267,9 @@ class AsyncConnectionSource:
         self.conn = conn
         self._lock = ALock()
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         async with self._lock:
             return await run_committed(self.conn, op)
 
@@ -260,7 +297,9 @@ class AsyncSqliteSource:
                 self._conn = conn
             return self._conn
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(await self.connection())
         return await op(backend)
 
@@ -344,7 +383,9 @@ class AsyncLink:
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, AsyncSqliteSource)
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
@@ -355,9 +396,22 @@ class AsyncLink:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
-        return await self.source.run(op, name=name, retry=retry)
+        return await self.source.run(op, name=name, retry=retry, urgent=urgent)
 
-    async def run_release(self, op: AsyncOp[T], *, name: str) -> T:
+    async def run_release(self, op: AsyncOp[T], *, name: str, again: AsyncOp[T] | None = None) -> T:
+        """Run a release, bounded; ``again`` once more on a fresh connection of the
+        source when the first attempt failed at once (its connection had broken while
+        idle). The release names its tenure, so running it twice frees nothing else;
+        ``again`` answers for a first attempt that may have done it already."""
+        started = monotonic()
+        try:
+            return await self._release(op, name)
+        except DatabaseUnavailable:
+            if again is None or monotonic() - started > AT_ONCE:
+                raise
+        return await self.source.run(again, name=name, retry=True, urgent=True)
+
+    async def _release(self, op: AsyncOp[T], name: str) -> T:
         conn = self.conn
         if conn is not None and is_idle(conn):
             return await run_committed(conn, op)
@@ -367,7 +421,7 @@ class AsyncLink:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
-        return await self.source.run(op, name=name)
+        return await self.source.run(op, name=name, urgent=True)
 
     async def close(self) -> None:
         await registry().release(self.source)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from pylease import _claims
 from pylease._acompat import monotonic
-from pylease._backend import Backend, release_tenure
+from pylease._backend import Backend, ReleaseOp, release_tenure
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
@@ -57,8 +57,8 @@ def release(
     """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
     name, holder = ticket.name, ticket.holder
 
-    def run(op: Callable[[Backend], bool]) -> bool:
-        return link_.run_release(op, name=name)
+    def run(op: ReleaseOp, again: ReleaseOp | None) -> bool:
+        return link_.run_release(op, name=name, again=again)
 
     try:
         ours = release_tenure(run, name, holder, min_hold, ticket.fence)
@@ -82,7 +82,7 @@ def loss_cause(link_: Link, ticket: Ticket) -> str | None:
         return describe_loss(ticket, rows[0] if rows else None, events[0] if events else None)
 
     try:
-        return link_.run(look, name=name)
+        return link_.run(look, name=name, urgent=True)
     except Exception:
         return None  # the loss is the story; its detail is a courtesy
 

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from pylease import _claims
 from pylease._acompat import monotonic
-from pylease._backend_async import AsyncBackend, release_tenure
+from pylease._backend_async import AsyncBackend, AsyncReleaseOp, release_tenure
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
@@ -60,8 +60,8 @@ async def release(
     """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
     name, holder = ticket.name, ticket.holder
 
-    async def run(op: Callable[[AsyncBackend], Awaitable[bool]]) -> bool:
-        return await link_.run_release(op, name=name)
+    async def run(op: AsyncReleaseOp, again: AsyncReleaseOp | None) -> bool:
+        return await link_.run_release(op, name=name, again=again)
 
     try:
         ours = await release_tenure(run, name, holder, min_hold, ticket.fence)
@@ -85,7 +85,7 @@ async def loss_cause(link_: AsyncLink, ticket: AsyncTicket) -> str | None:
         return describe_loss(ticket, rows[0] if rows else None, events[0] if events else None)
 
     try:
-        return await link_.run(look, name=name)
+        return await link_.run(look, name=name, urgent=True)
     except Exception:
         return None  # the loss is the story; its detail is a courtesy
 

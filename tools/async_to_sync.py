@@ -104,6 +104,7 @@ NAMES = {
     "AsyncTicket": "Ticket",
     "AsyncOp": "Op",
     "AsyncRenewOp": "RenewOp",
+    "AsyncReleaseOp": "ReleaseOp",
     # the drivers'
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",

@@ -226,13 +226,25 @@ async def test_5_leaving_the_block_is_bounded_and_sends_no_cancel(
 # 6. A slow on_lost -----------------------------------------------------------------
 
 
-async def test_6_a_slow_async_on_lost_does_not_stall_other_leases(pg: Db, w: Witness) -> None:
-    slow_done = asyncio.Event()
+@pytest.mark.parametrize("callback", ["coroutine", "blocking function"])
+async def test_6_a_slow_async_on_lost_does_not_stall_other_leases(
+    pg: Db, w: Witness, callback: str
+) -> None:
+    slow_done = threading.Event()
 
-    async def slow(_error: LeaseLost) -> None:
+    async def slow_coroutine(_error: LeaseLost) -> None:
         w.note("on_lost-start", "a")
         await asyncio.sleep(SLOW_ON_LOST)
         slow_done.set()
+
+    def slow_function(_error: LeaseLost) -> None:
+        # Issue 21, item 7: a plain callback that blocks, called on the loop, stopped
+        # the renewals of every other lease of the loop, and the cancelled body's exit.
+        w.note("on_lost-start", "a")
+        time.sleep(SLOW_ON_LOST)
+        slow_done.set()
+
+    slow: Any = slow_coroutine if callback == "coroutine" else slow_function
 
     a_cancelled = asyncio.Event()
 

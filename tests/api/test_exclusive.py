@@ -9,9 +9,9 @@ import inspect
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import date
-from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,4 +263,3 @@ def test_a_plain_function_returning_work_to_do_is_refused_inside_the_lease(
         later()  # closed unstarted: no "never awaited" warning either
     assert ran == []
     assert held_names(conn) == []  # both released
-

@@ -135,13 +135,15 @@ if True:  # ASYNC
 
     async def test_a_renewal_that_hangs_does_not_delay_the_loss(aconn: AConn, dsn: str) -> None:
         told = asyncio.Event()
+
+        async def on_lost(_error: LeaseLost) -> None:
+            told.set()
+
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as locker:
             # Another session locks the row: the next renewal waits for it, unanswered.
             with pytest.raises(LeaseLost) as raised:
                 async with (
-                    alease(
-                        aconn, "sweep", ttl=1, on_lost=lambda _e: told.set(), cancel_on_lost=False
-                    ) as held,
+                    alease(aconn, "sweep", ttl=1, on_lost=on_lost, cancel_on_lost=False) as held,
                     locker.transaction(),
                 ):
                     await locker.execute(

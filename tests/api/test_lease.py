@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -155,13 +156,25 @@ def test_a_failing_release_raises_when_the_body_returned(conn: Conn, conn2: Conn
 
 
 def test_an_unreachable_database_at_release_only_warns(
-    dsn: str, conn2: Conn, caplog: pytest.LogCaptureFixture
+    dsn: str, conn2: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with (
         psycopg.Connection.connect(dsn, autocommit=True) as mine,
         lease(mine, "sweep", ttl=5),
     ):
-        terminate(conn2, [mine.info.backend_pid])
+        # Unreachable, not merely a broken connection (whose release is sent again on a
+        # fresh one): no new session, and every other one ended.
+        with psycopg.Connection.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
+                    sql.Identifier(conn2.info.dbname)
+                )
+            )
+        cur = conn2.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        terminate(conn2, [pid for (pid,) in cur.fetchall()])
     assert any(
         r.levelno == logging.WARNING and "could not release" in r.getMessage()
         for r in caplog.records

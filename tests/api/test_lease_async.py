@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -111,9 +112,13 @@ if True:  # ASYNC
 
     async def test_a_steal_is_detected_without_cancelling(aconn: AConn, aconn2: AConn) -> None:
         told = asyncio.Event()
+
+        async def on_lost(_error: LeaseLost) -> None:
+            told.set()  # on the loop: a plain function would run on a worker thread
+
         with pytest.raises(LeaseLost):
             async with alease(
-                aconn, "sweep", ttl=0.6, on_lost=lambda _e: told.set(), cancel_on_lost=False
+                aconn, "sweep", ttl=0.6, on_lost=on_lost, cancel_on_lost=False
             ) as held:
                 await asteal(aconn2, "sweep")
                 await asyncio.wait_for(told.wait(), DETECT)
@@ -169,8 +174,11 @@ if True:  # ASYNC
     async def test_an_outside_cancellation_stands_beside_a_loss(
         aconn: AConn, aconn2: AConn
     ) -> None:
+        async def cancel(_error: LeaseLost) -> None:
+            task.cancel()
+
         async def body() -> None:
-            async with alease(aconn, "sweep", ttl=0.6, on_lost=lambda _e: task.cancel()):
+            async with alease(aconn, "sweep", ttl=0.6, on_lost=cancel):
                 await asteal(aconn2, "sweep")
                 await asleep(DETECT)
 
@@ -244,13 +252,25 @@ async def test_a_failing_release_raises_when_the_body_returned(aconn: AConn, aco
 
 
 async def test_an_unreachable_database_at_release_only_warns(
-    dsn: str, aconn2: AConn, caplog: pytest.LogCaptureFixture
+    dsn: str, aconn2: AConn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with (
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as mine,
         alease(mine, "sweep", ttl=5),
     ):
-        await aterminate(aconn2, [mine.info.backend_pid])
+        # Unreachable, not merely a broken connection (whose release is sent again on a
+        # fresh one): no new session, and every other one ended.
+        async with await psycopg.AsyncConnection.connect(pg_admin_dsn, autocommit=True) as admin:
+            await admin.execute(
+                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
+                    sql.Identifier(aconn2.info.dbname)
+                )
+            )
+        cur = await aconn2.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        await aterminate(aconn2, [pid for (pid,) in await cur.fetchall()])
     assert any(
         r.levelno == logging.WARNING and "could not release" in r.getMessage()
         for r in caplog.records
@@ -664,8 +684,12 @@ if True:  # ASYNC
     async def test_keep_fresh_notices_a_loss(dsn: str, aconn2: AConn) -> None:
         await aclaim(aconn2, "sweep", holder="owner", ttl="600ms")
         told = asyncio.Event()
+
+        async def on_lost(_error: LeaseLost) -> None:
+            told.set()
+
         with pytest.raises(LeaseLost):
-            async with akeep_fresh(dsn, "sweep", "owner", on_lost=lambda _e: told.set()) as held:
+            async with akeep_fresh(dsn, "sweep", "owner", on_lost=on_lost) as held:
                 await asteal(aconn2, "sweep")
                 await asyncio.wait_for(told.wait(), DETECT)
                 assert held.lost
