@@ -56,6 +56,7 @@ PAIRS = [
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
+    ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
 ]
 
 NAMES = {
@@ -107,6 +108,7 @@ NAMES = {
     # the drivers'
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
+    "AsyncCursor": "Cursor",
     "async_pool_class": "pool_class",
     # the protocol of context managers and iterators
     "__aenter__": "__enter__",
@@ -133,6 +135,9 @@ NAMES = {
     "AConn": "Conn",
     "aconn2": "conn2",
     "asleep_until": "wait_until",
+    "await_until": "wait_until",
+    "astart_worker": "start_worker",
+    "ajoin_workers": "join_workers",
     "aclaim": "claim",
     "asteal": "steal",
     "astatus": "status",
