@@ -58,6 +58,7 @@ PAIRS = [
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
     ("tests/api/test_logging_async.py", "tests/api/test_logging.py"),
+    ("tests/api/test_exclusive_async.py", "tests/api/test_exclusive.py"),
 ]
 
 NAMES = {
