@@ -139,6 +139,27 @@ async def aterminate(conn: AConn, pids: list[int]) -> None:
         await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
+async def afunction_calls(conn: AConn, function: str) -> int:
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    cur = await conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = %s",
+        (function,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def atrack_functions(conn: AConn) -> None:
+    """Count function calls in this database, for connections opened from now on."""
+    dbname = conn.info.dbname
+    await conn.execute(
+        psycopg.sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(
+            psycopg.sql.Identifier(dbname)
+        )
+    )
+
+
 async def asleep_until(predicate: Callable[[], object], timeout: float = DETECT) -> bool:
     """Like wait_until, yielding to the event loop (where the keeper runs)."""
     limit = time.monotonic() + timeout
