@@ -60,6 +60,7 @@ PAIRS = [
     ("tests/api/test_logging_async.py", "tests/api/test_logging.py"),
     ("tests/api/test_exclusive_async.py", "tests/api/test_exclusive.py"),
     ("tests/api/test_waiting_fleet_async.py", "tests/api/test_waiting_fleet.py"),
+    ("tests/leader/test_leader_async.py", "tests/leader/test_leader.py"),
 ]
 
 NAMES = {
@@ -142,6 +143,8 @@ NAMES = {
     "afunction_calls": "function_calls",
     "atrack_functions": "track_functions",
     "asynccontextmanager": "contextmanager",
+    "anext": "next",
+    "aclose": "close",
     "astart_worker": "start_worker",
     "ajoin_workers": "join_workers",
     "aclaim": "claim",
