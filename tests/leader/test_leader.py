@@ -335,25 +335,9 @@ def test_work_that_raises_resigns_tells_and_re_raises(dsn: str) -> None:
     assert current_leader(dsn, "scheduler") is None
 
 
-class PlainRecorder:
-    """Every callback and work call, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int | None]] = []
-
-    def new(self, info: LeaseRow | None) -> None:
-        self.calls.append(("new", None if info is None else info.fence))
-
-    def started(self, term: Held) -> None:
-        self.calls.append(("started", term.fence))
-
-    def stopped(self, term: Held) -> None:
-        self.calls.append(("stopped", term.fence))
-
-
 @pytest.mark.parametrize("ending", ["raises LeaseLost", "returns"])
 def test_a_stolen_term_ends_and_the_candidate_campaigns_again(dsn: str, ending: str) -> None:
-    rec = PlainRecorder()
+    rec = Recorder()  # plain functions on this side
     stop = threading.Event()
 
     def work(term: Held) -> None:
