@@ -237,6 +237,8 @@ class Keeper:
     def adopt(self, name: str, holder: str | None, owner: object) -> Deferred | None:
         """Take back a deferred lease of ``name`` kept for ``owner``'s transaction, for a
         new block there (see Lease._adopt); None after any release under way."""
+        if not self._deferred and not self._releasing:
+            return None  # every block's entry asks: no lock for the common answer
         with self._cond:
             limit = monotonic() + STOP_WAIT
             while True:
@@ -252,14 +254,13 @@ class Keeper:
     def abandon(self, ticket: Ticket) -> None:
         """Its Held was collected inside its block: release it now. A finalizer's, on any
         thread: it waits for the release only on a caller's thread (sync), and bounded."""
-        done = ticket.given_back = threading.Event()
         ticket.abandoned = True
         if not ticket.kept and ticket.link is not None:
             self._deferred.append(Deferred(ticket, ticket.link.source, None, None, ticket.link))
         here = threading.current_thread().name
         # The keeper's own threads must not wait for themselves.
         if self._wake() and not here.startswith("pylease-") and not sys.is_finalizing():
-            done.wait(GIVE_BACK_WAIT)
+            ticket.given_back.wait(GIVE_BACK_WAIT)
 
     def _wake(self) -> bool:
         """Make the keeper look at its leases now; False if it could not be told."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -168,6 +169,7 @@ def abandon(ticket: Ticket) -> None:
     if ticket.keeper is None or inherited(ticket):
         ticket.abandoned = True
         return
+    ticket.given_back = threading.Event()  # set by the keeper once it was given back
     ticket.keeper.abandon(ticket)
 
 
