@@ -11,7 +11,9 @@ filtered here); ``pylease_names_omitted`` says how many matching names were left
 from __future__ import annotations
 
 import fnmatch
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -145,7 +147,11 @@ def text(collector: Collector) -> str:
 
 
 def serve(collector: Collector, host: str, port: int, ready: Callable[[str, int], None]) -> None:
-    """Serve ``/metrics`` on ``host:port`` until interrupted; ``ready`` gets the bound port."""
+    """Serve ``/metrics`` on ``host:port`` until SIGINT or SIGTERM; ``ready`` gets the bound port.
+
+    A signal ends the loop between requests: an exception raised wherever the signal
+    lands (inside a scrape's read, holding a lock) could leave the process unable to exit.
+    """
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     from prometheus_client import make_wsgi_app
@@ -160,5 +166,12 @@ def serve(collector: Collector, host: str, port: int, ready: Callable[[str, int]
 
     app = make_wsgi_app(registry_for(collector))
     with make_server(host, port, app, server_class=Server, handler_class=Quiet) as server:
+
+        def stop(_signum: int, _frame: Any) -> None:
+            # shutdown() waits for the loop, which runs in this thread: ask from another.
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        for ending in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(ending, stop)
         ready(host, server.server_port)
         server.serve_forever()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from datetime import datetime, timedelta
@@ -334,14 +333,7 @@ def metrics(
             shown = f"[{host}]" if ":" in host else host
             say(f"serving metrics on http://{shown}:{port}/metrics ({store.shown})")
 
-        signal.signal(signal.SIGTERM, _interrupt)
         try:
             _metrics.serve(collector, address[0], address[1], ready)
-        except KeyboardInterrupt:
-            return
         except OSError as exc:
             raise fail(f"cannot listen on {listen}: {exc.strerror or exc}", EXIT_CONFIG) from None
-
-
-def _interrupt(_signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt  # a service manager's stop: end as Ctrl-C does, exit 0

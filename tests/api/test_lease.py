@@ -13,7 +13,6 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -49,13 +48,6 @@ from tests.support.leases import (
 )
 
 Conn = psycopg.Connection[Any]
-
-
-@pytest.fixture
-def conn2(dsn: str) -> Iterator[Conn]:
-    """A second autocommit connection, for the other party of a race."""
-    with psycopg.Connection.connect(dsn, autocommit=True) as c:
-        yield c
 
 
 def test_heartbeat_holds_a_1s_lease_for_3s(conn: Conn, conn2: Conn) -> None:

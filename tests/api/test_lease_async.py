@@ -13,7 +13,6 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -59,13 +58,6 @@ from tests.support.leases import (
 AConn = psycopg.AsyncConnection[Any]
 if True:  # ASYNC
     Conn = psycopg.Connection[Any]  # for the sync halves of the ASYNC blocks
-
-
-@pytest.fixture
-async def aconn2(dsn: str) -> AsyncIterator[AConn]:
-    """A second async autocommit connection, for the other party of a race."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-        yield c
 
 
 async def test_heartbeat_holds_a_1s_lease_for_3s(aconn: AConn, aconn2: AConn) -> None:
