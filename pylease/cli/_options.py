@@ -90,6 +90,15 @@ WaitOption = Annotated[
         show_default=False,
     ),
 ]
+PrefixOption = Annotated[
+    str | None,
+    typer.Option(
+        "--prefix",
+        metavar="P",
+        help="Only leases whose name starts with P (filtered by the database).",
+        show_default=False,
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 # What `run` and `leader` share: both run a command under a lease they claim.

@@ -589,8 +589,17 @@ async def test_a_claim_from_inside_a_transaction_commits_on_its_own(
             row = await astatus(aconn2, "sweep")
             assert row is not None and row["holder"] == held.holder
         assert mine.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-        assert await aclaim(aconn2, "sweep") is not None
+        # Kept until the caller's transaction ends, so what the block wrote in it is
+        # committed (or gone) before another holder can read it (issue 21, item 3).
+        assert await aclaim(aconn2, "sweep") is None
         await mine.rollback()
+        granted = None
+        for _ in range(250):  # the release follows the rollback (bounded: 5 s)
+            granted = await aclaim(aconn2, "sweep")
+            if granted is not None:
+                break
+            await asleep(0.02)
+        assert granted is not None
 
 
 async def test_an_idle_non_autocommit_connection_commits_claim_and_release(
