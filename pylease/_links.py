@@ -11,7 +11,11 @@ lease's :class:`Link`, which knows
   inside the caller's open transaction;
 - its :class:`Source`: the connection renewals run on, shared by every lease
   that reaches the same database (see :mod:`pylease._keeper`);
-- how to LISTEN for released leases while waiting (PostgreSQL only).
+- how to LISTEN for released leases while waiting (PostgreSQL only);
+- the schema its statements name on every connection: where ``lease_claim`` resolves
+  by the ``search_path`` of the caller's connection (looked up the first time pylease
+  uses that connection) or, for a URL or a pool, of the source's. Two installs on
+  one ``search_path`` then never split a lease between them.
 
 Where the two twins differ (the ``if True:  # ASYNC`` blocks): on an event loop,
 sources are shared per loop, not per process, since a psycopg connection of asyncio
@@ -27,10 +31,12 @@ import contextlib
 import functools
 import logging
 import sqlite3
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from pylease import dsn as dsn_mod
 from pylease._acompat import Lock, Mutex, to_thread
@@ -41,9 +47,9 @@ from pylease._targets import is_idle as is_idle
 from pylease._targets import pool_class
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
-from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument, SchemaMissing
 from pylease.postgres._abandon import Abandon, start_timer
-from pylease.postgres._backend import PostgresBackend, wrap_errors
+from pylease.postgres._backend import MISSING_SCHEMA_HINT, PostgresBackend, wrap_errors
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
 from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
@@ -84,8 +90,8 @@ def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
         return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None)
 
 
-def run_committed(conn: psycopg.Connection[Any], op: Op[T]) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own.
+def run_committed(conn: psycopg.Connection[Any], op: Op[T], schema: str | None = None) -> T:
+    """Run ``op`` on an idle connection as a transaction of its own, in ``schema``.
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
@@ -97,17 +103,76 @@ def run_committed(conn: psycopg.Connection[Any], op: Op[T]) -> T:
             " commit that transaction)"
         )
     if conn.autocommit:
-        return op(PostgresBackend(conn))
+        return op(PostgresBackend(conn, schema))
     try:
-        result = op(PostgresBackend(conn))
+        result = op(PostgresBackend(conn, schema))
+        try:
+            with wrap_errors():
+                conn.commit()
+        except DatabaseUnavailable as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
+                raise
+            # At the commit: a serializable default's verdict, not the race's (nothing
+            # committed). Once more, READ COMMITTED.
+            result = op(PostgresBackend(conn, schema, defaults=True))
+            with wrap_errors():
+                conn.commit()
     except BaseException:
         if not conn.closed:
             with wrap_errors():
                 conn.rollback()
         raise
-    with wrap_errors():
-        conn.commit()
     return result
+
+
+# Schemas: where a lease's statements run --------------------------------------
+
+# The schema found on a connection or pool the caller gave, the first time pylease
+# used it: every lease through it names that schema from then on.
+_schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def not_installed(name: str | None) -> SchemaMissing:
+    return SchemaMissing(
+        f"pylease: {MISSING_SCHEMA_HINT} (no lease_claim(text, interval, text) on the search_path)",
+        name=name,
+    )
+
+
+def connection_schema(conn: psycopg.Connection[Any], name: str | None) -> str:
+    """Where ``lease_claim`` resolves on the caller's ``conn``, by its ``search_path``.
+
+    Looked up once per connection: idle, in a transaction of its own; inside the
+    caller's open transaction, by a read of the catalog that takes no lock and
+    writes nothing (a schema that depended on whether a transaction is open would
+    split leases between two installs).
+    """
+    found = _schemas.get(conn)
+    if found is not None:
+        return found
+    if conn.pgconn.transaction_status == TransactionStatus.INERROR:
+        raise ConfigurationError(
+            "pylease: the connection's transaction has failed: roll it back before the first"
+            " lease on it (pylease looks up on it which schema holds pylease)",
+        )
+    backend = PostgresBackend(conn)
+    if conn.autocommit or not is_idle(conn):
+        schema = backend.installed_schema()
+    else:
+        try:
+            schema = backend.installed_schema()
+        finally:
+            if not conn.closed:
+                with wrap_errors(name):
+                    conn.rollback()
+    if schema is None:
+        raise not_installed(name)
+    _schemas[conn] = schema
+    return schema
+
+
+def find_schema(b: Backend) -> str | None:
+    return b.installed_schema()
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -123,11 +188,53 @@ class Source(Protocol):
         """How logs name it (never with a password)."""
         ...
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
-        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
+    def run(
+        self,
+        op: Op[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
+        """Run ``op`` as a transaction of its own, naming ``schema``; ``retry`` once on a
+        stale connection."""
+        ...
+
+    def schema(self, name: str | None) -> str | None:
+        """The schema its statements name (None: SQLite), found once."""
         ...
 
     def close(self) -> None: ...
+
+
+class SchemaSource:
+    """A source whose statements name one schema: how the keeper renews a link's leases
+    (leases of one source in two schemas are two groups)."""
+
+    def __init__(self, source: Source, schema: str | None) -> None:
+        self.source = source
+        self.key: Hashable = (source.key, schema)
+        self._schema = schema
+
+    @property
+    def label(self) -> str:
+        return self.source.label
+
+    def run(
+        self,
+        op: Op[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
+        return self.source.run(op, name=name, retry=retry, schema=self._schema)
+
+    def schema(self, name: str | None) -> str | None:
+        return self._schema
+
+    def close(self) -> None:
+        pass
 
 
 class ConninfoSource:
@@ -142,16 +249,33 @@ class ConninfoSource:
         self._given = conninfo
         self._lock = Lock()
         self._conn: psycopg.Connection[Any] | None = None
+        self._schema: str | None = None
 
     @functools.cached_property
     def label(self) -> str:
         return dsn_mod.redact(self._given)
 
+    def schema(self, name: str | None) -> str | None:
+        if self._schema is None:
+            # Its connection has no session state: the conninfo's options and the
+            # role's and database's settings make its search_path.
+            self._schema = self.run(find_schema, name=name, retry=True)
+            if self._schema is None:
+                raise not_installed(name)
+        return self._schema
+
     @functools.cached_property
     def _conninfo(self) -> str:
         return own_conninfo(self._given, HEARTBEAT_APP)
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self,
+        op: Op[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         with self._lock:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
@@ -160,7 +284,7 @@ class ConninfoSource:
             assert self._conn is not None
             try:
                 with bounded(self._conn):
-                    return op(PostgresBackend(self._conn))
+                    return op(PostgresBackend(self._conn, schema))
             except DatabaseUnavailable:
                 self._discard()
                 if fresh or not retry:
@@ -169,7 +293,7 @@ class ConninfoSource:
             # backend): one fresh attempt before reporting it.
             self._conn = connect_own(self._conninfo, name)
             with bounded(self._conn):
-                return op(PostgresBackend(self._conn))
+                return op(PostgresBackend(self._conn, schema))
 
     def _discard(self) -> None:
         conn, self._conn = self._conn, None
@@ -189,19 +313,36 @@ class PoolSource:
         self.label = f"pool {pool.name!r}"
         self.pool = pool
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self,
+        op: Op[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         try:
-            return self._run(op, name)
+            return self._run(op, name, schema)
         except DatabaseUnavailable:
             if not retry:
                 raise
         # The pool replaces a connection found broken; try once more on another.
-        return self._run(op, name)
+        return self._run(op, name, schema)
 
-    def _run(self, op: Op[T], name: str | None) -> T:
+    def _run(self, op: Op[T], name: str | None, schema: str | None) -> T:
         with wrap_errors(name), self.pool.connection() as conn:
-            result: T = run_committed(conn, op)
+            result: T = run_committed(conn, op, schema)
             return result
+
+    def schema(self, name: str | None) -> str | None:
+        found = _schemas.get(self.pool)
+        if found is None:
+            # Looked up once per pool: its connections are configured alike.
+            found = self.run(find_schema, name=name, retry=True)
+            if found is None:
+                raise not_installed(name)
+            _schemas[self.pool] = found
+        return found
 
     def close(self) -> None:
         pass
@@ -216,9 +357,20 @@ class ConnectionSource:
         self.conn = conn
         self._lock = Lock()
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self,
+        op: Op[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         with self._lock:
-            return run_committed(self.conn, op)
+            return run_committed(self.conn, op, schema)
+
+    def schema(self, name: str | None) -> str | None:
+        with self._lock:
+            return connection_schema(self.conn, name)
 
     def close(self) -> None:
         pass
@@ -244,9 +396,19 @@ class SqliteSource:
                 self._conn = conn
             return self._conn
 
-    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+    def run(
+        self,
+        op: Op[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         backend: Backend = sqlite_module().SqliteBackend(self.connection())
         return op(backend)
+
+    def schema(self, name: str | None) -> str | None:
+        return None
 
     def close(self) -> None:
         with self._lock:
@@ -315,25 +477,48 @@ class Link:
         self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, SqliteSource)
+        self._schema: str | None = None
+        self._renewals: Source | None = None
+
+    def schema(self, name: str | None) -> str | None:
+        """The schema every statement of this link names (None: SQLite), found once."""
+        if self._schema is None and not self.sqlite:
+            if self.conn is not None:
+                self._schema = connection_schema(self.conn, name)
+            else:
+                self._schema = self.source.schema(name)
+        return self._schema
+
+    @property
+    def renewals(self) -> Source:
+        """The source the keeper renews this link's leases through, in its schema."""
+        if self.sqlite:
+            return self.source
+        if self._renewals is None:
+            assert self._schema is not None, "a lease is kept only once claimed"
+            self._renewals = SchemaSource(self.source, self._schema)
+        return self._renewals
 
     def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+        schema = self._schema if self._schema is not None else self.schema(name)
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
-            return run_committed(conn, op)
+            return run_committed(conn, op, schema)
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
-        return self.source.run(op, name=name, retry=retry)
+        return self.source.run(op, name=name, retry=retry, schema=schema)
 
     def run_release(self, op: Op[T], *, name: str) -> T:
+        schema = self._schema if self._schema is not None else self.schema(name)
         conn = self.conn
         if conn is not None and is_idle(conn):
-            return run_committed(conn, op)
+            return run_committed(conn, op, schema)
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
-        return self.source.run(op, name=name)
+        return self.source.run(op, name=name, schema=schema)
 
     def close(self) -> None:
         registry().release(self.source)

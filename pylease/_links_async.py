@@ -10,7 +10,11 @@ lease's :class:`AsyncLink`, which knows
   inside the caller's open transaction;
 - its :class:`AsyncSource`: the connection renewals run on, shared by every lease
   that reaches the same database (see :mod:`pylease._keeper_async`);
-- how to LISTEN for released leases while waiting (PostgreSQL only).
+- how to LISTEN for released leases while waiting (PostgreSQL only);
+- the schema its statements name on every connection: where ``lease_claim`` resolves
+  by the ``search_path`` of the caller's connection (looked up the first time pylease
+  uses that connection) or, for a URL or a pool, of the source's. Two installs on
+  one ``search_path`` then never split a lease between them.
 
 Where the two twins differ (the ``if True:  # ASYNC`` blocks): on an event loop,
 sources are shared per loop, not per process, since a psycopg connection of asyncio
@@ -32,6 +36,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from pylease import dsn as dsn_mod
 from pylease._acompat import ALock, AMutex, ato_thread
@@ -42,9 +47,9 @@ from pylease._targets import bad_target as bad_target
 from pylease._targets import is_idle as is_idle
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
-from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument, SchemaMissing
 from pylease.postgres._abandon import Abandon, start_timer
-from pylease.postgres._backend_async import AsyncPostgresBackend, wrap_errors
+from pylease.postgres._backend_async import MISSING_SCHEMA_HINT, AsyncPostgresBackend, wrap_errors
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
 from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
@@ -95,8 +100,10 @@ async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnectio
         )
 
 
-async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own.
+async def run_committed(
+    conn: psycopg.AsyncConnection[Any], op: AsyncOp[T], schema: str | None = None
+) -> T:
+    """Run ``op`` on an idle connection as a transaction of its own, in ``schema``.
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
@@ -108,17 +115,76 @@ async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T
             " commit that transaction)"
         )
     if conn.autocommit:
-        return await op(AsyncPostgresBackend(conn))
+        return await op(AsyncPostgresBackend(conn, schema))
     try:
-        result = await op(AsyncPostgresBackend(conn))
+        result = await op(AsyncPostgresBackend(conn, schema))
+        try:
+            with wrap_errors():
+                await conn.commit()
+        except DatabaseUnavailable as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
+                raise
+            # At the commit: a serializable default's verdict, not the race's (nothing
+            # committed). Once more, READ COMMITTED.
+            result = await op(AsyncPostgresBackend(conn, schema, defaults=True))
+            with wrap_errors():
+                await conn.commit()
     except BaseException:
         if not conn.closed:
             with wrap_errors():
                 await conn.rollback()
         raise
-    with wrap_errors():
-        await conn.commit()
     return result
+
+
+# Schemas: where a lease's statements run --------------------------------------
+
+# The schema found on a connection or pool the caller gave, the first time pylease
+# used it: every lease through it names that schema from then on.
+_schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def not_installed(name: str | None) -> SchemaMissing:
+    return SchemaMissing(
+        f"pylease: {MISSING_SCHEMA_HINT} (no lease_claim(text, interval, text) on the search_path)",
+        name=name,
+    )
+
+
+async def connection_schema(conn: psycopg.AsyncConnection[Any], name: str | None) -> str:
+    """Where ``lease_claim`` resolves on the caller's ``conn``, by its ``search_path``.
+
+    Looked up once per connection: idle, in a transaction of its own; inside the
+    caller's open transaction, by a read of the catalog that takes no lock and
+    writes nothing (a schema that depended on whether a transaction is open would
+    split leases between two installs).
+    """
+    found = _schemas.get(conn)
+    if found is not None:
+        return found
+    if conn.pgconn.transaction_status == TransactionStatus.INERROR:
+        raise ConfigurationError(
+            "pylease: the connection's transaction has failed: roll it back before the first"
+            " lease on it (pylease looks up on it which schema holds pylease)",
+        )
+    backend = AsyncPostgresBackend(conn)
+    if conn.autocommit or not is_idle(conn):
+        schema = await backend.installed_schema()
+    else:
+        try:
+            schema = await backend.installed_schema()
+        finally:
+            if not conn.closed:
+                with wrap_errors(name):
+                    await conn.rollback()
+    if schema is None:
+        raise not_installed(name)
+    _schemas[conn] = schema
+    return schema
+
+
+async def find_schema(b: AsyncBackend) -> str | None:
+    return await b.installed_schema()
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -134,11 +200,53 @@ class AsyncSource(Protocol):
         """How logs name it (never with a password)."""
         ...
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
-        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
+    async def run(
+        self,
+        op: AsyncOp[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
+        """Run ``op`` as a transaction of its own, naming ``schema``; ``retry`` once on a
+        stale connection."""
+        ...
+
+    async def schema(self, name: str | None) -> str | None:
+        """The schema its statements name (None: SQLite), found once."""
         ...
 
     async def close(self) -> None: ...
+
+
+class AsyncSchemaSource:
+    """A source whose statements name one schema: how the keeper renews a link's leases
+    (leases of one source in two schemas are two groups)."""
+
+    def __init__(self, source: AsyncSource, schema: str | None) -> None:
+        self.source = source
+        self.key: Hashable = (source.key, schema)
+        self._schema = schema
+
+    @property
+    def label(self) -> str:
+        return self.source.label
+
+    async def run(
+        self,
+        op: AsyncOp[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
+        return await self.source.run(op, name=name, retry=retry, schema=self._schema)
+
+    async def schema(self, name: str | None) -> str | None:
+        return self._schema
+
+    async def close(self) -> None:
+        pass
 
 
 class AsyncConninfoSource:
@@ -153,16 +261,33 @@ class AsyncConninfoSource:
         self._given = conninfo
         self._lock = ALock()
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._schema: str | None = None
 
     @functools.cached_property
     def label(self) -> str:
         return dsn_mod.redact(self._given)
 
+    async def schema(self, name: str | None) -> str | None:
+        if self._schema is None:
+            # Its connection has no session state: the conninfo's options and the
+            # role's and database's settings make its search_path.
+            self._schema = await self.run(find_schema, name=name, retry=True)
+            if self._schema is None:
+                raise not_installed(name)
+        return self._schema
+
     @functools.cached_property
     def _conninfo(self) -> str:
         return own_conninfo(self._given, HEARTBEAT_APP)
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self,
+        op: AsyncOp[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         async with self._lock:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
@@ -171,7 +296,7 @@ class AsyncConninfoSource:
             assert self._conn is not None
             try:
                 with bounded(self._conn):
-                    return await op(AsyncPostgresBackend(self._conn))
+                    return await op(AsyncPostgresBackend(self._conn, schema))
             except DatabaseUnavailable:
                 await self._discard()
                 if fresh or not retry:
@@ -184,7 +309,7 @@ class AsyncConninfoSource:
             # backend): one fresh attempt before reporting it.
             self._conn = await connect_own(self._conninfo, name)
             with bounded(self._conn):
-                return await op(AsyncPostgresBackend(self._conn))
+                return await op(AsyncPostgresBackend(self._conn, schema))
 
     async def _discard(self) -> None:
         conn, self._conn = self._conn, None
@@ -204,20 +329,37 @@ class AsyncPoolSource:
         self.label = f"pool {pool.name!r}"
         self.pool = pool
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self,
+        op: AsyncOp[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         try:
-            return await self._run(op, name)
+            return await self._run(op, name, schema)
         except DatabaseUnavailable:
             if not retry:
                 raise
         # The pool replaces a connection found broken; try once more on another.
-        return await self._run(op, name)
+        return await self._run(op, name, schema)
 
-    async def _run(self, op: AsyncOp[T], name: str | None) -> T:
+    async def _run(self, op: AsyncOp[T], name: str | None, schema: str | None) -> T:
         with wrap_errors(name):
             async with self.pool.connection() as conn:
-                result: T = await run_committed(conn, op)
+                result: T = await run_committed(conn, op, schema)
                 return result
+
+    async def schema(self, name: str | None) -> str | None:
+        found = _schemas.get(self.pool)
+        if found is None:
+            # Looked up once per pool: its connections are configured alike.
+            found = await self.run(find_schema, name=name, retry=True)
+            if found is None:
+                raise not_installed(name)
+            _schemas[self.pool] = found
+        return found
 
     async def close(self) -> None:
         pass
@@ -232,9 +374,20 @@ class AsyncConnectionSource:
         self.conn = conn
         self._lock = ALock()
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self,
+        op: AsyncOp[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         async with self._lock:
-            return await run_committed(self.conn, op)
+            return await run_committed(self.conn, op, schema)
+
+    async def schema(self, name: str | None) -> str | None:
+        async with self._lock:
+            return await connection_schema(self.conn, name)
 
     async def close(self) -> None:
         pass
@@ -260,9 +413,19 @@ class AsyncSqliteSource:
                 self._conn = conn
             return self._conn
 
-    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+    async def run(
+        self,
+        op: AsyncOp[T],
+        *,
+        name: str | None = None,
+        retry: bool = False,
+        schema: str | None = None,
+    ) -> T:
         backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(await self.connection())
         return await op(backend)
+
+    async def schema(self, name: str | None) -> str | None:
+        return None
 
     async def close(self) -> None:
         async with self._lock:
@@ -343,31 +506,54 @@ class AsyncLink:
         self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, AsyncSqliteSource)
+        self._schema: str | None = None
+        self._renewals: AsyncSource | None = None
+
+    async def schema(self, name: str | None) -> str | None:
+        """The schema every statement of this link names (None: SQLite), found once."""
+        if self._schema is None and not self.sqlite:
+            if self.conn is not None:
+                self._schema = await connection_schema(self.conn, name)
+            else:
+                self._schema = await self.source.schema(name)
+        return self._schema
+
+    @property
+    def renewals(self) -> AsyncSource:
+        """The source the keeper renews this link's leases through, in its schema."""
+        if self.sqlite:
+            return self.source
+        if self._renewals is None:
+            assert self._schema is not None, "a lease is kept only once claimed"
+            self._renewals = AsyncSchemaSource(self.source, self._schema)
+        return self._renewals
 
     async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+        schema = self._schema if self._schema is not None else await self.schema(name)
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
-            return await run_committed(conn, op)
+            return await run_committed(conn, op, schema)
         if True:  # ASYNC
             pass  # no sqlite_conn on an event loop: see the module's docstring
         else:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
-        return await self.source.run(op, name=name, retry=retry)
+        return await self.source.run(op, name=name, retry=retry, schema=schema)
 
     async def run_release(self, op: AsyncOp[T], *, name: str) -> T:
+        schema = self._schema if self._schema is not None else await self.schema(name)
         conn = self.conn
         if conn is not None and is_idle(conn):
-            return await run_committed(conn, op)
+            return await run_committed(conn, op, schema)
         if True:  # ASYNC
             pass
         else:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
-        return await self.source.run(op, name=name)
+        return await self.source.run(op, name=name, schema=schema)
 
     async def close(self) -> None:
         await registry().release(self.source)

@@ -122,6 +122,17 @@ class LeaseEvent:
 CLAIM = Operation(
     "claim", GRANT, "SELECT lease_claim(%s, %s, %s)", ("name", "ttl_seconds", "holder"), VALUE
 )
+# A claim that only starts a new tenure (migration 0007): the Python API and the command
+# line claim so with a holder they were given, so that another process using the same
+# holder is busy, never joined (contract 5.6). A default holder is unique to its claim:
+# there the plain claim lets a retry whose first answer was lost find its own grant.
+CLAIM_NEW = Operation(
+    "claim_new",
+    GRANT,
+    "SELECT lease_claim_new(%s, %s, %s)",
+    ("name", "ttl_seconds", "holder"),
+    VALUE,
+)
 RENEW = Operation(
     "renew", GRANT, "SELECT lease_renew(%s, %s, %s)", ("name", "holder", "ttl_seconds"), FLAG
 )
@@ -203,6 +214,7 @@ PRUNE_HISTORY = Operation(
 #: Every operation, in the order of the contract.
 OPERATIONS = (
     CLAIM,
+    CLAIM_NEW,
     RENEW,
     RENEW_MANY,
     RENEW_EACH,
@@ -232,6 +244,7 @@ _STATUS_COLUMNS: LiteralString = (
     "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
 )
 _CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
+_CLAIMED_NEW: LiteralString = " FROM (SELECT lease_claim_new(%s, %s, %s) AS fence OFFSET 0) AS c"
 # A busy claim that met the winner's claim on the lease's row waited for it, then
 # locked the row's new version to recheck it: its transaction has an xid, and its
 # commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
@@ -252,17 +265,32 @@ CLAIM_WAITING = Operation(
 )
 #: The same for a process queued in pylease_waiters: on a grant it leaves the queue
 #: there and then, waking the next process.
+_UNWAIT_GRANTED: LiteralString = (
+    "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
+)
 CLAIM_QUEUED = Operation(
     "claim_queued",
     GRANT,
-    "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
-    + _BUSY_NO_FLUSH
-    + _STATUS_COLUMNS
-    + _CLAIMED
-    + _STATUS,
+    _UNWAIT_GRANTED + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
+    (),
+    tuple,
+)
+
+# The same two with lease_claim_new (see CLAIM_NEW).
+CLAIM_WAITING_NEW = Operation(
+    "claim_waiting_new",
+    GRANT,
+    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED_NEW + _STATUS,
+    (),
+    tuple,
+)
+CLAIM_QUEUED_NEW = Operation(
+    "claim_queued_new",
+    GRANT,
+    _UNWAIT_GRANTED + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED_NEW + _STATUS,
     (),
     tuple,
 )
 
 #: The operations of waiters, which only the PostgreSQL backend runs.
-WAITING = (WAIT, UNWAIT, CLAIM_WAITING, CLAIM_QUEUED)
+WAITING = (WAIT, UNWAIT, CLAIM_WAITING, CLAIM_QUEUED, CLAIM_WAITING_NEW, CLAIM_QUEUED_NEW)

@@ -148,7 +148,7 @@ class Lease:
             ticket.link = link_
             self._held = held  # so the Held is collected only once this is too
             self._finalizer = weakref.finalize(held, abandon, ticket)
-            keeper().add(ticket, link_.source)
+            keeper().add(ticket, link_.renewals)
         return held
 
     def __exit__(
@@ -172,7 +172,7 @@ class Lease:
         self._held = None
         try:
             if self._opts.heartbeat:
-                keeper().remove(ticket, link_.source)
+                keeper().remove(ticket, link_.renewals)
                 if ticket.callback is not None:
                     settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
@@ -340,7 +340,7 @@ class KeepFresh:
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
         self._ticket = ticket
-        keeper().add(ticket, link_.source)
+        keeper().add(ticket, link_.renewals)
         return Held(name, holder, row.fence, ticket)
 
     def __exit__(
@@ -355,7 +355,7 @@ class KeepFresh:
         if inherited(ticket):
             return  # a forked child's: nothing of it is the child's (see Lease)
         try:
-            keeper().remove(ticket, link_.source)
+            keeper().remove(ticket, link_.renewals)
             settle(ticket)
         finally:
             link_.close()

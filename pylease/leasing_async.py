@@ -158,7 +158,7 @@ class AsyncLease:
             ticket.link = link_
             self._held = held  # so the Held is collected only once this is too
             self._finalizer = weakref.finalize(held, abandon, ticket)
-            await keeper().add(ticket, link_.source)
+            await keeper().add(ticket, link_.renewals)
         return held
 
     async def __aexit__(
@@ -185,7 +185,7 @@ class AsyncLease:
             outside_cancel = False
         try:
             if self._opts.heartbeat:
-                await keeper().remove(ticket, link_.source)
+                await keeper().remove(ticket, link_.renewals)
                 if ticket.callback is not None:
                     await settle(ticket)
             if True:  # ASYNC
@@ -481,7 +481,7 @@ class AsyncKeepFresh:
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
         self._ticket = ticket
-        await keeper().add(ticket, link_.source)
+        await keeper().add(ticket, link_.renewals)
         return Held(name, holder, row.fence, ticket)
 
     async def __aexit__(
@@ -496,7 +496,7 @@ class AsyncKeepFresh:
         if inherited(ticket):
             return  # a forked child's: nothing of it is the child's (see AsyncLease)
         try:
-            await keeper().remove(ticket, link_.source)
+            await keeper().remove(ticket, link_.renewals)
             await settle(ticket)
         finally:
             await link_.close()

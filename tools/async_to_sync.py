@@ -92,6 +92,7 @@ NAMES = {
     "AsyncPoolSource": "PoolSource",
     "AsyncConnectionSource": "ConnectionSource",
     "AsyncSqliteSource": "SqliteSource",
+    "AsyncSchemaSource": "SchemaSource",
     "AsyncRegistry": "Registry",
     "AsyncWatcher": "Watcher",
     "AsyncHub": "Hub",
@@ -106,6 +107,7 @@ NAMES = {
     "AsyncRenewOp": "RenewOp",
     # the drivers'
     "AsyncConnection": "Connection",
+    "AsyncCursor": "Cursor",
     "AsyncConnectionPool": "ConnectionPool",
     "async_pool_class": "pool_class",
     # the protocol of context managers and iterators

@@ -141,7 +141,9 @@ def run(
                     except LeaseBusy:
                         if not quiet:
                             say(
-                                _render.busy_line(name, busy.row, server_clock(store), where(store))
+                                _render.busy_line(
+                                    name, busy.row, server_clock(store), where(store), holder
+                                )
                             )
                         raise typer.Exit(busy_exit) from None
                 env = dict(os.environ)
