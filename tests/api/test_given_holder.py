@@ -46,9 +46,9 @@ def test_a_given_holder_live_in_another_process_is_busy_saying_so(url: str) -> N
     with other_process(url) as other:
         fence = other.claim("nightly", timedelta(seconds=30), "web-1")
         before = other.status("nightly")
-        with pytest.raises(LeaseBusy, match="another process uses the same holder") as busy:
-            with lease(url, "nightly", ttl=30, holder="web-1"):
-                pytest.fail("the body ran while another process held the lease")
+        refused = pytest.raises(LeaseBusy, match="another process uses the same holder")
+        with refused as busy, lease(url, "nightly", ttl=30, holder="web-1"):
+            pytest.fail("the body ran while another process held the lease")
         assert busy.value.holder == "web-1"
         assert run_exclusive(url, "nightly", 30, lambda: 1, holder="web-1").ran is False
         # Refused, it wrote nothing: the other process's tenure is as it was.
@@ -70,19 +70,17 @@ def test_a_given_holder_takes_its_expired_tenure_with_a_new_fence(url: str) -> N
 
 
 def test_a_default_holder_is_unaffected(url: str) -> None:
-    with lease(url, "nightly", ttl=30) as first:
-        with other_process(url) as other:
-            # The SQL API's re-claim by the same holder stays idempotent (contract 1).
-            assert other.claim("nightly", timedelta(seconds=30), first.holder) == first.fence
+    with lease(url, "nightly", ttl=30) as first, other_process(url) as other:
+        # The SQL API's re-claim by the same holder stays idempotent (contract 1).
+        assert other.claim("nightly", timedelta(seconds=30), first.holder) == first.fence
 
 
 def test_a_loss_by_a_release_under_the_same_holder_does_not_say_the_ttl_ran_out(
     url: str,
 ) -> None:
-    with pytest.raises(LeaseLost) as lost:
-        with lease(url, "nightly", ttl=30, holder="web-1"):
-            with other_process(url) as other:
-                assert other.release("nightly", "web-1")  # as another user of web-1 would
+    given = lease(url, "nightly", ttl=30, holder="web-1")
+    with pytest.raises(LeaseLost) as lost, given, other_process(url) as other:
+        assert other.release("nightly", "web-1")  # as another user of web-1 would
     assert "ttl ran out" not in str(lost.value)
     assert "released by another user of its holder 'web-1'" in str(lost.value)
 
