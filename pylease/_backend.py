@@ -21,12 +21,13 @@ from pylease._operations import (
     CLAIM,
     CLAIM_NEW,
     CLAIM_QUEUED,
-    CLAIM_QUEUED_NEW,
+    CLAIM_QUEUED_LOOKING,
     CLAIM_WAITING,
-    CLAIM_WAITING_NEW,
+    CLAIM_WAITING_LOOKING,
     COUNTERS,
     HISTORY,
     HOLDS,
+    NEW_TENURE,
     PRUNE_HISTORY,
     RELEASE,
     RELEASE_TENURE,
@@ -202,12 +203,15 @@ class Backend:
             grant leaves in the claim's own transaction; None when not queued there.
         :param new: claim a new tenure, as :meth:`claim_new`.
         """
-        tail = (name, ttl, holder, name, status)
-        if queued_as is None:
-            rows = self._call(CLAIM_WAITING_NEW if new else CLAIM_WAITING, tail, name)
+        claim: tuple[object, ...] = (name, ttl, holder, name) if status else (name, ttl, holder)
+        if queued_as is not None:
+            op = CLAIM_QUEUED_LOOKING if status else CLAIM_QUEUED
+            claim = (name, queued_as, *claim)
         else:
-            op = CLAIM_QUEUED_NEW if new else CLAIM_QUEUED
-            rows = self._call(op, (name, queued_as, *tail), name)
+            op = CLAIM_WAITING_LOOKING if status else CLAIM_WAITING
+        if new:
+            op = NEW_TENURE[op.name]
+        rows = self._call(op, claim, name)
         fence: int | None = rows[0][0]
         if fence is not None or not status:
             return fence, None

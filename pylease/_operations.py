@@ -122,17 +122,19 @@ class LeaseEvent:
 CLAIM = Operation(
     "claim", GRANT, "SELECT lease_claim(%s, %s, %s)", ("name", "ttl_seconds", "holder"), VALUE
 )
+
+
 # A claim that only starts a new tenure (migration 0007): the Python API and the command
 # line claim so with a holder they were given, so that another process using the same
 # holder is busy, never joined (contract 5.6). A default holder is unique to its claim:
 # there the plain claim lets a retry whose first answer was lost find its own grant.
-CLAIM_NEW = Operation(
-    "claim_new",
-    GRANT,
-    "SELECT lease_claim_new(%s, %s, %s)",
-    ("name", "ttl_seconds", "holder"),
-    VALUE,
-)
+def new_tenure(op: Operation) -> Operation:
+    """``op`` with ``lease_claim_new`` for ``lease_claim``; its SQLite file ``<name>_new``."""
+    postgres = op.postgres.replace("lease_claim(", "lease_claim_new(")
+    return Operation(op.name + "_new", op.kind, postgres, op.sqlite, op.answer)
+
+
+CLAIM_NEW = new_tenure(CLAIM)
 RENEW = Operation(
     "renew", GRANT, "SELECT lease_renew(%s, %s, %s)", ("name", "holder", "ttl_seconds"), FLAG
 )
@@ -237,60 +239,80 @@ OPERATIONS = (
 WAIT = Operation("wait", WRITE, "SELECT lease_wait(%s, %s, %s)", (), VALUE)
 UNWAIT = Operation("unwait", WRITE, "SELECT lease_unwait(%s, %s, %s)", (), VALUE)
 
-# A waiter's claim is one statement: the claim, and only when it is busy, the status
-# row that stood in the way. OFFSET 0 keeps each subquery whole: lease_claim runs once,
-# and lease_status behind a one-time filter, only when busy.
+# A waiter's claim is one statement: the claim, and only when it is busy and the wait
+# asks for it, the status row that stood in the way. OFFSET 0 keeps each subquery whole:
+# lease_claim runs once, and lease_status behind a one-time filter, only when busy. A
+# claim that does not look is sent without the status's join: planning and running it
+# costs a handover about a tenth of a millisecond (issue 22, bench target 5).
 _STATUS_COLUMNS: LiteralString = (
     "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
 )
 _CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
-_CLAIMED_NEW: LiteralString = " FROM (SELECT lease_claim_new(%s, %s, %s) AS fence OFFSET 0) AS c"
 # A busy claim that met the winner's claim on the lease's row waited for it, then
 # locked the row's new version to recheck it: its transaction has an xid, and its
 # commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
 # wait for its lock. Busy, it granted nothing: its commit need not be durable.
 _BUSY_NO_FLUSH: LiteralString = (
-    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END, "
+    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END"
 )
 _STATUS: LiteralString = (
-    " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL AND %s OFFSET 0)"
+    " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL OFFSET 0)"
     " AS s ON true"
 )
+# For a process queued in pylease_waiters: on a grant it leaves the queue there and
+# then, waking the next process.
+_UNWAIT: LiteralString = "CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END"
+
+#: A waiter's claim: ``(fence, ...)``.
 CLAIM_WAITING = Operation(
-    "claim_waiting",
+    "claim_waiting", GRANT, "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _CLAIMED, (), tuple
+)
+#: The same, reading the status row that stood in the way when busy:
+#: ``(fence, NULL, NULL, *status row)``.
+CLAIM_WAITING_LOOKING = Operation(
+    "claim_waiting_looking",
     GRANT,
-    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
+    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + ", " + _STATUS_COLUMNS + _CLAIMED + _STATUS,
     (),
     tuple,
 )
-#: The same for a process queued in pylease_waiters: on a grant it leaves the queue
-#: there and then, waking the next process.
-_UNWAIT_GRANTED: LiteralString = (
-    "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
-)
+#: A waiter's claim for a process queued in pylease_waiters.
 CLAIM_QUEUED = Operation(
     "claim_queued",
     GRANT,
-    _UNWAIT_GRANTED + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
+    "SELECT c.fence, " + _UNWAIT + ", " + _BUSY_NO_FLUSH + _CLAIMED,
+    (),
+    tuple,
+)
+#: The same, reading the status row when busy.
+CLAIM_QUEUED_LOOKING = Operation(
+    "claim_queued_looking",
+    GRANT,
+    "SELECT c.fence, "
+    + _UNWAIT
+    + ", "
+    + _BUSY_NO_FLUSH
+    + ", "
+    + _STATUS_COLUMNS
+    + _CLAIMED
+    + _STATUS,
     (),
     tuple,
 )
 
-# The same two with lease_claim_new (see CLAIM_NEW).
-CLAIM_WAITING_NEW = Operation(
-    "claim_waiting_new",
-    GRANT,
-    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED_NEW + _STATUS,
-    (),
-    tuple,
-)
-CLAIM_QUEUED_NEW = Operation(
-    "claim_queued_new",
-    GRANT,
-    _UNWAIT_GRANTED + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED_NEW + _STATUS,
-    (),
-    tuple,
-)
+#: The waiters' claims of a new tenure (see CLAIM_NEW), by the plain claim's name.
+NEW_TENURE = {
+    op.name: new_tenure(op)
+    for op in (CLAIM_WAITING, CLAIM_WAITING_LOOKING, CLAIM_QUEUED, CLAIM_QUEUED_LOOKING)
+}
 
 #: The operations of waiters, which only the PostgreSQL backend runs.
-WAITING = (WAIT, UNWAIT, CLAIM_WAITING, CLAIM_QUEUED, CLAIM_WAITING_NEW, CLAIM_QUEUED_NEW)
+WAITING = (
+    WAIT,
+    UNWAIT,
+    CLAIM_WAITING,
+    CLAIM_WAITING_LOOKING,
+    CLAIM_QUEUED,
+    CLAIM_QUEUED_LOOKING,
+    *NEW_TENURE.values(),
+)
