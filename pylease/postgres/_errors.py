@@ -39,7 +39,10 @@ def translate(exc: psycopg.Error, name: str | None = None) -> PyleaseError:
         return InvalidArgument(message, parameter=bad_parameter(exc), name=name)
     if isinstance(exc, pg_errors.ProgramLimitExceeded):
         return FenceExhausted(exc.diag.message_primary or one_line(exc), name=name)
-    if isinstance(exc, pg_errors.UndefinedFunction | pg_errors.UndefinedTable):
+    # InvalidSchemaName: the schema a lease's statements name was dropped meanwhile.
+    if isinstance(
+        exc, pg_errors.UndefinedFunction | pg_errors.UndefinedTable | pg_errors.InvalidSchemaName
+    ):
         return SchemaMissing(
             f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name
         )
