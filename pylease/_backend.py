@@ -35,6 +35,7 @@ from pylease._operations import (
     RENEW_EACH,
     RENEW_MANY,
     STATUS,
+    STATUS_PAGE,
     STEAL,
     UNWAIT,
     WAIT,
@@ -42,6 +43,7 @@ from pylease._operations import (
     LeaseEvent,
     LeaseRow,
     Operation,
+    PageRow,
     Renewal,
 )
 from pylease.errors import SchemaMissing
@@ -61,6 +63,10 @@ class Backend:
     def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
         """Run ``op`` with its checked parameters; errors name the lease ``name``."""
         raise NotImplementedError
+
+    def in_schema(self, schema: str) -> Backend:
+        """This backend, its statements naming ``schema`` (a backend without schemas: itself)."""
+        return self
 
     def installed_schema(self) -> str | None:
         """The schema whose ``lease_claim`` this connection's ``search_path`` finds (None:
@@ -153,6 +159,17 @@ class Backend:
     def counters(self, name: str | None = None) -> list[CounterRow]:
         """``lease_counters``: per name (all when None), grants, takeovers, steals, releases."""
         result: list[CounterRow] = self._call(COUNTERS, (_key(name),), name)
+        return result
+
+    def status_page(self, prefix: str = "", max_rows: int | None = None) -> list[PageRow]:
+        """The names that start with ``prefix``, in name order, at most ``max_rows`` of
+        them (None: all): each one's ``lease_status`` and ``lease_counters`` rows, and how
+        many names start with ``prefix`` (``matching``, the same on every row).
+
+        :raises InvalidArgument: a prefix that is not a str, or max_rows not an int >= 1.
+        """
+        start, size = _checks.prefix(prefix), _checks.page_size(max_rows)
+        result: list[PageRow] = self._call(STATUS_PAGE, (start, start, size), None)
         return result
 
     def history(

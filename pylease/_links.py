@@ -31,12 +31,10 @@ import contextlib
 import functools
 import logging
 import sqlite3
-import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from pylease import dsn as dsn_mod
 from pylease._acompat import Lock, Mutex, to_thread
@@ -47,9 +45,15 @@ from pylease._targets import is_idle as is_idle
 from pylease._targets import pool_class
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
-from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument, SchemaMissing
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 from pylease.postgres._abandon import Abandon, start_timer
-from pylease.postgres._backend import MISSING_SCHEMA_HINT, PostgresBackend, wrap_errors
+from pylease.postgres._backend import (
+    PostgresBackend,
+    connection_schema,
+    not_installed,
+    schemas,
+    wrap_errors,
+)
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
 from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
@@ -90,8 +94,8 @@ def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
         return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None)
 
 
-def run_committed(conn: psycopg.Connection[Any], op: Op[T], schema: str | None = None) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own, in ``schema``.
+def run_committed(conn: psycopg.Connection[Any], op: Op[T]) -> T:
+    """Run ``op`` on an idle connection as a transaction of its own.
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
@@ -103,9 +107,9 @@ def run_committed(conn: psycopg.Connection[Any], op: Op[T], schema: str | None =
             " commit that transaction)"
         )
     if conn.autocommit:
-        return op(PostgresBackend(conn, schema))
+        return op(PostgresBackend(conn))
     try:
-        result = op(PostgresBackend(conn, schema))
+        result = op(PostgresBackend(conn))
         try:
             with wrap_errors():
                 conn.commit()
@@ -114,7 +118,7 @@ def run_committed(conn: psycopg.Connection[Any], op: Op[T], schema: str | None =
                 raise
             # At the commit: a serializable default's verdict, not the race's (nothing
             # committed). Once more, READ COMMITTED.
-            result = op(PostgresBackend(conn, schema, defaults=True))
+            result = op(PostgresBackend(conn, defaults=True))
             with wrap_errors():
                 conn.commit()
     except BaseException:
@@ -125,53 +129,19 @@ def run_committed(conn: psycopg.Connection[Any], op: Op[T], schema: str | None =
     return result
 
 
-# Schemas: where a lease's statements run --------------------------------------
-
-# The schema found on a connection or pool the caller gave, the first time pylease
-# used it: every lease through it names that schema from then on.
-_schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-
-def not_installed(name: str | None) -> SchemaMissing:
-    return SchemaMissing(
-        f"pylease: {MISSING_SCHEMA_HINT} (no lease_claim(text, interval, text) on the search_path)",
-        name=name,
-    )
-
-
-def connection_schema(conn: psycopg.Connection[Any], name: str | None) -> str:
-    """Where ``lease_claim`` resolves on the caller's ``conn``, by its ``search_path``.
-
-    Looked up once per connection: idle, in a transaction of its own; inside the
-    caller's open transaction, by a read of the catalog that takes no lock and
-    writes nothing (a schema that depended on whether a transaction is open would
-    split leases between two installs).
-    """
-    found = _schemas.get(conn)
-    if found is not None:
-        return found
-    if conn.pgconn.transaction_status == TransactionStatus.INERROR:
-        raise ConfigurationError(
-            "pylease: the connection's transaction has failed: roll it back before the first"
-            " lease on it (pylease looks up on it which schema holds pylease)",
-        )
-    backend = PostgresBackend(conn)
-    if conn.autocommit or not is_idle(conn):
-        schema = backend.installed_schema()
-    else:
-        try:
-            schema = backend.installed_schema()
-        finally:
-            if not conn.closed:
-                with wrap_errors(name):
-                    conn.rollback()
+def in_schema(op: Op[T], schema: str | None) -> Op[T]:
+    """``op`` with every statement naming ``schema`` (None: as it is)."""
     if schema is None:
-        raise not_installed(name)
-    _schemas[conn] = schema
-    return schema
+        return op
+
+    def named(b: Backend) -> T:
+        return op(b.in_schema(schema))
+
+    return named
 
 
 def find_schema(b: Backend) -> str | None:
+    """Where the ``search_path`` of a source's connection finds pylease."""
     return b.installed_schema()
 
 
@@ -188,16 +158,8 @@ class Source(Protocol):
         """How logs name it (never with a password)."""
         ...
 
-    def run(
-        self,
-        op: Op[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
-        """Run ``op`` as a transaction of its own, naming ``schema``; ``retry`` once on a
-        stale connection."""
+    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
         ...
 
     def schema(self, name: str | None) -> str | None:
@@ -220,15 +182,8 @@ class SchemaSource:
     def label(self) -> str:
         return self.source.label
 
-    def run(
-        self,
-        op: Op[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
-        return self.source.run(op, name=name, retry=retry, schema=self._schema)
+    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
+        return self.source.run(in_schema(op, self._schema), name=name, retry=retry)
 
     def schema(self, name: str | None) -> str | None:
         return self._schema
@@ -268,14 +223,7 @@ class ConninfoSource:
     def _conninfo(self) -> str:
         return own_conninfo(self._given, HEARTBEAT_APP)
 
-    def run(
-        self,
-        op: Op[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
         with self._lock:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
@@ -284,7 +232,7 @@ class ConninfoSource:
             assert self._conn is not None
             try:
                 with bounded(self._conn):
-                    return op(PostgresBackend(self._conn, schema))
+                    return op(PostgresBackend(self._conn))
             except DatabaseUnavailable:
                 self._discard()
                 if fresh or not retry:
@@ -293,7 +241,7 @@ class ConninfoSource:
             # backend): one fresh attempt before reporting it.
             self._conn = connect_own(self._conninfo, name)
             with bounded(self._conn):
-                return op(PostgresBackend(self._conn, schema))
+                return op(PostgresBackend(self._conn))
 
     def _discard(self) -> None:
         conn, self._conn = self._conn, None
@@ -313,35 +261,28 @@ class PoolSource:
         self.label = f"pool {pool.name!r}"
         self.pool = pool
 
-    def run(
-        self,
-        op: Op[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
         try:
-            return self._run(op, name, schema)
+            return self._run(op, name)
         except DatabaseUnavailable:
             if not retry:
                 raise
         # The pool replaces a connection found broken; try once more on another.
-        return self._run(op, name, schema)
+        return self._run(op, name)
 
-    def _run(self, op: Op[T], name: str | None, schema: str | None) -> T:
+    def _run(self, op: Op[T], name: str | None) -> T:
         with wrap_errors(name), self.pool.connection() as conn:
-            result: T = run_committed(conn, op, schema)
+            result: T = run_committed(conn, op)
             return result
 
     def schema(self, name: str | None) -> str | None:
-        found = _schemas.get(self.pool)
+        found = schemas.get(self.pool)
         if found is None:
             # Looked up once per pool: its connections are configured alike.
             found = self.run(find_schema, name=name, retry=True)
             if found is None:
                 raise not_installed(name)
-            _schemas[self.pool] = found
+            schemas[self.pool] = found
         return found
 
     def close(self) -> None:
@@ -357,16 +298,9 @@ class ConnectionSource:
         self.conn = conn
         self._lock = Lock()
 
-    def run(
-        self,
-        op: Op[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
         with self._lock:
-            return run_committed(self.conn, op, schema)
+            return run_committed(self.conn, op)
 
     def schema(self, name: str | None) -> str | None:
         with self._lock:
@@ -396,14 +330,7 @@ class SqliteSource:
                 self._conn = conn
             return self._conn
 
-    def run(
-        self,
-        op: Op[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
         backend: Backend = sqlite_module().SqliteBackend(self.connection())
         return op(backend)
 
@@ -500,25 +427,25 @@ class Link:
         return self._renewals
 
     def run(self, op: Op[T], *, name: str | None = None, retry: bool = False) -> T:
-        schema = self._schema if self._schema is not None else self.schema(name)
+        op = in_schema(op, self._schema or self.schema(name))
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
-            return run_committed(conn, op, schema)
+            return run_committed(conn, op)
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
-        return self.source.run(op, name=name, retry=retry, schema=schema)
+        return self.source.run(op, name=name, retry=retry)
 
     def run_release(self, op: Op[T], *, name: str) -> T:
-        schema = self._schema if self._schema is not None else self.schema(name)
+        op = in_schema(op, self._schema or self.schema(name))
         conn = self.conn
         if conn is not None and is_idle(conn):
-            return run_committed(conn, op, schema)
+            return run_committed(conn, op)
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
-        return self.source.run(op, name=name, schema=schema)
+        return self.source.run(op, name=name)
 
     def close(self) -> None:
         registry().release(self.source)
@@ -530,6 +457,8 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
     pool_cls = pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
+            if target.partition("?")[0] == "sqlite:///:memory:":
+                raise in_memory(parameter)
             return SqliteSource(target), None
         if is_postgres_url(target):
             check_url(target, parameter)
@@ -540,8 +469,21 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
         return PoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
         location = sqlite_location(target)
-        return SqliteSource(location, None if location else target), None
+        if location is None:
+            raise in_memory(parameter)
+        return SqliteSource(location), None
     raise bad_target(target, parameter, "lease")
+
+
+def in_memory(parameter: str) -> InvalidArgument:
+    """The error for an in-memory SQLite database (issue 21, item 8)."""
+    return InvalidArgument(
+        f"pylease: {parameter} is an in-memory SQLite database: nothing outside its one"
+        " connection sees its leases, and pylease's claims and renewals there would run"
+        " inside the caller's transactions (a rollback would undo a grant); use a file"
+        " (sqlite:///path)",
+        parameter=parameter,
+    )
 
 
 def check(target: object, heartbeat_target: object = None) -> None:
@@ -579,6 +521,15 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     """
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
+    if isinstance(target, sqlite3.Connection) and target.in_transaction:
+        # Refused, not joined: a grant made in it would vanish with its rollback, and
+        # one made outside it would wait for the write lock it may hold (issue 21, item 8).
+        raise InvalidArgument(
+            "pylease: target is a sqlite3.Connection inside a transaction: commit or roll"
+            " back before taking a lease (pylease never claims inside the caller's"
+            " transaction)",
+            parameter="target",
+        )
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is None:
             conninfo = conninfo_of(target)

@@ -36,7 +36,6 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from pylease import dsn as dsn_mod
 from pylease._acompat import ALock, AMutex, ato_thread
@@ -47,9 +46,15 @@ from pylease._targets import bad_target as bad_target
 from pylease._targets import is_idle as is_idle
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
-from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument, SchemaMissing
+from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 from pylease.postgres._abandon import Abandon, start_timer
-from pylease.postgres._backend_async import MISSING_SCHEMA_HINT, AsyncPostgresBackend, wrap_errors
+from pylease.postgres._backend_async import (
+    AsyncPostgresBackend,
+    connection_schema,
+    not_installed,
+    schemas,
+    wrap_errors,
+)
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
 from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
@@ -100,10 +105,8 @@ async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnectio
         )
 
 
-async def run_committed(
-    conn: psycopg.AsyncConnection[Any], op: AsyncOp[T], schema: str | None = None
-) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own, in ``schema``.
+async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T:
+    """Run ``op`` on an idle connection as a transaction of its own.
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
@@ -115,9 +118,9 @@ async def run_committed(
             " commit that transaction)"
         )
     if conn.autocommit:
-        return await op(AsyncPostgresBackend(conn, schema))
+        return await op(AsyncPostgresBackend(conn))
     try:
-        result = await op(AsyncPostgresBackend(conn, schema))
+        result = await op(AsyncPostgresBackend(conn))
         try:
             with wrap_errors():
                 await conn.commit()
@@ -126,7 +129,7 @@ async def run_committed(
                 raise
             # At the commit: a serializable default's verdict, not the race's (nothing
             # committed). Once more, READ COMMITTED.
-            result = await op(AsyncPostgresBackend(conn, schema, defaults=True))
+            result = await op(AsyncPostgresBackend(conn, defaults=True))
             with wrap_errors():
                 await conn.commit()
     except BaseException:
@@ -137,53 +140,19 @@ async def run_committed(
     return result
 
 
-# Schemas: where a lease's statements run --------------------------------------
-
-# The schema found on a connection or pool the caller gave, the first time pylease
-# used it: every lease through it names that schema from then on.
-_schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-
-def not_installed(name: str | None) -> SchemaMissing:
-    return SchemaMissing(
-        f"pylease: {MISSING_SCHEMA_HINT} (no lease_claim(text, interval, text) on the search_path)",
-        name=name,
-    )
-
-
-async def connection_schema(conn: psycopg.AsyncConnection[Any], name: str | None) -> str:
-    """Where ``lease_claim`` resolves on the caller's ``conn``, by its ``search_path``.
-
-    Looked up once per connection: idle, in a transaction of its own; inside the
-    caller's open transaction, by a read of the catalog that takes no lock and
-    writes nothing (a schema that depended on whether a transaction is open would
-    split leases between two installs).
-    """
-    found = _schemas.get(conn)
-    if found is not None:
-        return found
-    if conn.pgconn.transaction_status == TransactionStatus.INERROR:
-        raise ConfigurationError(
-            "pylease: the connection's transaction has failed: roll it back before the first"
-            " lease on it (pylease looks up on it which schema holds pylease)",
-        )
-    backend = AsyncPostgresBackend(conn)
-    if conn.autocommit or not is_idle(conn):
-        schema = await backend.installed_schema()
-    else:
-        try:
-            schema = await backend.installed_schema()
-        finally:
-            if not conn.closed:
-                with wrap_errors(name):
-                    await conn.rollback()
+def in_schema(op: AsyncOp[T], schema: str | None) -> AsyncOp[T]:
+    """``op`` with every statement naming ``schema`` (None: as it is)."""
     if schema is None:
-        raise not_installed(name)
-    _schemas[conn] = schema
-    return schema
+        return op
+
+    async def named(b: AsyncBackend) -> T:
+        return await op(b.in_schema(schema))
+
+    return named
 
 
 async def find_schema(b: AsyncBackend) -> str | None:
+    """Where the ``search_path`` of a source's connection finds pylease."""
     return await b.installed_schema()
 
 
@@ -200,16 +169,8 @@ class AsyncSource(Protocol):
         """How logs name it (never with a password)."""
         ...
 
-    async def run(
-        self,
-        op: AsyncOp[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
-        """Run ``op`` as a transaction of its own, naming ``schema``; ``retry`` once on a
-        stale connection."""
+    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection."""
         ...
 
     async def schema(self, name: str | None) -> str | None:
@@ -232,15 +193,8 @@ class AsyncSchemaSource:
     def label(self) -> str:
         return self.source.label
 
-    async def run(
-        self,
-        op: AsyncOp[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
-        return await self.source.run(op, name=name, retry=retry, schema=self._schema)
+    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
+        return await self.source.run(in_schema(op, self._schema), name=name, retry=retry)
 
     async def schema(self, name: str | None) -> str | None:
         return self._schema
@@ -280,14 +234,7 @@ class AsyncConninfoSource:
     def _conninfo(self) -> str:
         return own_conninfo(self._given, HEARTBEAT_APP)
 
-    async def run(
-        self,
-        op: AsyncOp[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         async with self._lock:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
@@ -296,7 +243,7 @@ class AsyncConninfoSource:
             assert self._conn is not None
             try:
                 with bounded(self._conn):
-                    return await op(AsyncPostgresBackend(self._conn, schema))
+                    return await op(AsyncPostgresBackend(self._conn))
             except DatabaseUnavailable:
                 await self._discard()
                 if fresh or not retry:
@@ -309,7 +256,7 @@ class AsyncConninfoSource:
             # backend): one fresh attempt before reporting it.
             self._conn = await connect_own(self._conninfo, name)
             with bounded(self._conn):
-                return await op(AsyncPostgresBackend(self._conn, schema))
+                return await op(AsyncPostgresBackend(self._conn))
 
     async def _discard(self) -> None:
         conn, self._conn = self._conn, None
@@ -329,36 +276,29 @@ class AsyncPoolSource:
         self.label = f"pool {pool.name!r}"
         self.pool = pool
 
-    async def run(
-        self,
-        op: AsyncOp[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         try:
-            return await self._run(op, name, schema)
+            return await self._run(op, name)
         except DatabaseUnavailable:
             if not retry:
                 raise
         # The pool replaces a connection found broken; try once more on another.
-        return await self._run(op, name, schema)
+        return await self._run(op, name)
 
-    async def _run(self, op: AsyncOp[T], name: str | None, schema: str | None) -> T:
+    async def _run(self, op: AsyncOp[T], name: str | None) -> T:
         with wrap_errors(name):
             async with self.pool.connection() as conn:
-                result: T = await run_committed(conn, op, schema)
+                result: T = await run_committed(conn, op)
                 return result
 
     async def schema(self, name: str | None) -> str | None:
-        found = _schemas.get(self.pool)
+        found = schemas.get(self.pool)
         if found is None:
             # Looked up once per pool: its connections are configured alike.
             found = await self.run(find_schema, name=name, retry=True)
             if found is None:
                 raise not_installed(name)
-            _schemas[self.pool] = found
+            schemas[self.pool] = found
         return found
 
     async def close(self) -> None:
@@ -374,16 +314,9 @@ class AsyncConnectionSource:
         self.conn = conn
         self._lock = ALock()
 
-    async def run(
-        self,
-        op: AsyncOp[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         async with self._lock:
-            return await run_committed(self.conn, op, schema)
+            return await run_committed(self.conn, op)
 
     async def schema(self, name: str | None) -> str | None:
         async with self._lock:
@@ -413,14 +346,7 @@ class AsyncSqliteSource:
                 self._conn = conn
             return self._conn
 
-    async def run(
-        self,
-        op: AsyncOp[T],
-        *,
-        name: str | None = None,
-        retry: bool = False,
-        schema: str | None = None,
-    ) -> T:
+    async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
         backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(await self.connection())
         return await op(backend)
 
@@ -529,31 +455,31 @@ class AsyncLink:
         return self._renewals
 
     async def run(self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False) -> T:
-        schema = self._schema if self._schema is not None else await self.schema(name)
+        op = in_schema(op, self._schema or await self.schema(name))
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
-            return await run_committed(conn, op, schema)
+            return await run_committed(conn, op)
         if True:  # ASYNC
             pass  # no sqlite_conn on an event loop: see the module's docstring
         else:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
-        return await self.source.run(op, name=name, retry=retry, schema=schema)
+        return await self.source.run(op, name=name, retry=retry)
 
     async def run_release(self, op: AsyncOp[T], *, name: str) -> T:
-        schema = self._schema if self._schema is not None else await self.schema(name)
+        op = in_schema(op, self._schema or await self.schema(name))
         conn = self.conn
         if conn is not None and is_idle(conn):
-            return await run_committed(conn, op, schema)
+            return await run_committed(conn, op)
         if True:  # ASYNC
             pass
         else:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
-        return await self.source.run(op, name=name, schema=schema)
+        return await self.source.run(op, name=name)
 
     async def close(self) -> None:
         await registry().release(self.source)
@@ -565,6 +491,8 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
     pool_cls = async_pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
+            if target.partition("?")[0] == "sqlite:///:memory:":
+                raise in_memory(parameter)
             return AsyncSqliteSource(target), None
         if is_postgres_url(target):
             check_url(target, parameter)
@@ -575,8 +503,21 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
         return AsyncPoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
         location = sqlite_location(target)
-        return AsyncSqliteSource(location, None if location else target), None
+        if location is None:
+            raise in_memory(parameter)
+        return AsyncSqliteSource(location), None
     raise bad_target(target, parameter, "alease")
+
+
+def in_memory(parameter: str) -> InvalidArgument:
+    """The error for an in-memory SQLite database (issue 21, item 8)."""
+    return InvalidArgument(
+        f"pylease: {parameter} is an in-memory SQLite database: nothing outside its one"
+        " connection sees its leases, and pylease's claims and renewals there would run"
+        " inside the caller's transactions (a rollback would undo a grant); use a file"
+        " (sqlite:///path)",
+        parameter=parameter,
+    )
 
 
 def check(target: object, heartbeat_target: object = None) -> None:
@@ -614,6 +555,15 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
     """
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
+    if isinstance(target, sqlite3.Connection) and target.in_transaction:
+        # Refused, not joined: a grant made in it would vanish with its rollback, and
+        # one made outside it would wait for the write lock it may hold (issue 21, item 8).
+        raise InvalidArgument(
+            "pylease: target is a sqlite3.Connection inside a transaction: commit or roll"
+            " back before taking a lease (pylease never claims inside the caller's"
+            " transaction)",
+            parameter="target",
+        )
     if isinstance(target, psycopg.AsyncConnection):
         if heartbeat_target is None:
             conninfo = conninfo_of(target)

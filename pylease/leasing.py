@@ -22,9 +22,10 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from pylease import _claims
+from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
 from pylease._backend import Backend, release_tenure
+from pylease._caller_tx import Deferred
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
@@ -36,11 +37,11 @@ from pylease._held import (
 )
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
-from pylease._keeper import keeper, settle
+from pylease._keeper import NOT_OURS, keeper, renew_leases, settle
 from pylease._links import Link, link
 from pylease._links import check as check_target
 from pylease._log import released as log_released
-from pylease._ticket import Ticket, abandon, inherited
+from pylease._ticket import Ticket, abandon, inherited, notify_lost
 from pylease._types import Duration, Target, Wait
 from pylease._waiting import Stop, acquire
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -114,6 +115,9 @@ class Lease:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: a lease() context manager can be entered once")
         opts = self._opts
+        if self._adopt():
+            assert self._held is not None
+            return self._held
         holder = opts.holder or default_holder()
         # Before any I/O: one holder names one claim (a second live lease of this name
         # with this holder would share the fence and be released under the first).
@@ -141,13 +145,17 @@ class Lease:
         ticket.fence = fence
         self._ticket = ticket
         held = Held(opts.name, holder, fence, ticket)
+        # Once neither this context manager nor the Held is reachable (the Held is
+        # reachable from here), nobody can leave the block: the keeper stops renewing
+        # and releases at once (issue 10, defect 8; issue 21, item 15).
+        ticket.link = link_
+        ticket.keeper = keeper()
+        self._held = held  # so the Held is collected only once this is too
+        self._finalizer = weakref.finalize(held, abandon, ticket)
+        # Not at exit: a daemon thread may still be inside its block then, and a
+        # release would let another holder in under it. The expiry frees the lease.
+        self._finalizer.atexit = False
         if opts.heartbeat:
-            # Once neither this context manager nor the Held is reachable (the Held is
-            # reachable from here), nobody can leave the block: the keeper stops
-            # renewing and releases (issue 10, defect 8).
-            ticket.link = link_
-            self._held = held  # so the Held is collected only once this is too
-            self._finalizer = weakref.finalize(held, abandon, ticket)
             keeper().add(ticket, link_.renewals)
         return held
 
@@ -170,6 +178,8 @@ class Lease:
         if self._finalizer is not None:
             self._finalizer.detach()
         self._held = None
+        if self._defer(link_, ticket, exc):
+            return  # released later; the body's exception, if any, goes on as it is
         try:
             if self._opts.heartbeat:
                 keeper().remove(ticket, link_.renewals)
@@ -183,6 +193,58 @@ class Lease:
             _claims.leave(ticket.name, ticket.holder)
             link_.close()
         finish(ticket, exc, released, trouble, cause)
+
+    def _defer(self, link_: Link, ticket: Ticket, exc: object) -> bool:
+        """If the block ends inside the caller's open transaction, keep the lease
+        (renewed) until that transaction ends, and only then release it (issue 21,
+        item 3): True. False when there is none, or the lease turns out lost: the
+        block then ends as any block does.
+        """
+        if ticket.error() is not None:
+            return False
+        watch = _caller_tx.watch(self._target)
+        if watch is None:
+            return False
+        if exc is None and not link_.sqlite:
+            # The verdict a release would give, while the caller can still roll back:
+            # one renewal, on pylease's own connection. (On SQLite the caller's open
+            # transaction may hold the one write lock: its local belief answers.)
+            sent_at = monotonic()
+            try:
+                rows = link_.renewals.run(lambda b: renew_leases(b, [ticket]), name=ticket.name)
+            except Exception:
+                rows = None  # not known: the keeper goes on, and tells a loss loudly
+            if rows is not None:
+                if not rows[0][1]:
+                    notify_lost(ticket, NOT_OURS)
+                    return False
+                ticket.renewed(sent_at, rows[0][2])
+        owner = _caller_tx.owner(self._target)
+        min_hold = self._opts.min_hold
+        keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
+        return True
+
+    def _adopt(self) -> bool:
+        """Continue the tenure of an earlier block of this name that ended in the
+        caller's transaction still open (or just ended) on the same connection: held
+        since, it could not be granted again before that transaction ends."""
+        owner = _caller_tx.owner(self._target)
+        if owner is None:
+            return False
+        entry = keeper().adopt(self._opts.name, self._opts.holder, owner)
+        if entry is None:
+            return False
+        self._link = entry.link
+        self._ticket = ticket = entry.ticket
+        fence = ticket.fence
+        assert fence is not None
+        ticket.ended = False
+        ticket.on_lost = self._on_lost
+        ticket.generation += 1  # the earlier block's Held stays ended
+        self._held = held = Held(ticket.name, ticket.holder, fence, ticket)
+        self._finalizer = weakref.finalize(held, abandon, ticket)
+        self._finalizer.atexit = False
+        return True
 
 
 def lease(

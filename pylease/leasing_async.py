@@ -23,9 +23,10 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from pylease import _claims
+from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
 from pylease._backend_async import AsyncBackend, release_tenure
+from pylease._caller_tx import Deferred
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
@@ -38,12 +39,12 @@ from pylease._held import (
 )
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
-from pylease._keeper_async import keeper, settle
+from pylease._keeper_async import NOT_OURS, keeper, renew_leases, settle
 from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
 from pylease._log import released as log_released
 from pylease._log import text as error_text
-from pylease._ticket import AsyncTicket, abandon, inherited
+from pylease._ticket import AsyncTicket, abandon, inherited, notify_lost
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease._waiting_async import Stop, acquire
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -119,6 +120,9 @@ class AsyncLease:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: an alease() context manager can be entered once")
         opts = self._opts
+        if await self._adopt():
+            assert self._held is not None
+            return self._held
         holder = opts.holder or default_holder()
         # Before any I/O: one holder names one claim (a second live lease of this name
         # with this holder would share the fence and be released under the first).
@@ -151,13 +155,17 @@ class AsyncLease:
                     self._cancelling = ticket.task.cancelling()
         self._ticket = ticket
         held = Held(opts.name, holder, fence, ticket)
+        # Once neither this context manager nor the Held is reachable (the Held is
+        # reachable from here), nobody can leave the block: the keeper stops renewing
+        # and releases at once (issue 10, defect 8; issue 21, item 15).
+        ticket.link = link_
+        ticket.keeper = keeper()
+        self._held = held  # so the Held is collected only once this is too
+        self._finalizer = weakref.finalize(held, abandon, ticket)
+        # Not at exit: a daemon thread may still be inside its block then, and a
+        # release would let another holder in under it. The expiry frees the lease.
+        self._finalizer.atexit = False
         if opts.heartbeat:
-            # Once neither this context manager nor the Held is reachable (the Held is
-            # reachable from here), nobody can leave the block: the keeper stops
-            # renewing and releases (issue 10, defect 8).
-            ticket.link = link_
-            self._held = held  # so the Held is collected only once this is too
-            self._finalizer = weakref.finalize(held, abandon, ticket)
             await keeper().add(ticket, link_.renewals)
         return held
 
@@ -183,6 +191,8 @@ class AsyncLease:
         if True:  # ASYNC
             ticket.task = None  # no cancellation from here on
             outside_cancel = False
+        if await self._defer(link_, ticket, exc):
+            return  # released later; the body's exception, if any, goes on as it is
         try:
             if self._opts.heartbeat:
                 await keeper().remove(ticket, link_.renewals)
@@ -213,6 +223,65 @@ class AsyncLease:
                     )
                 raise error from exc
         finish(ticket, exc, released, trouble, cause)
+
+    async def _defer(self, link_: AsyncLink, ticket: AsyncTicket, exc: object) -> bool:
+        """If the block ends inside the caller's open transaction, keep the lease
+        (renewed) until that transaction ends, and only then release it (issue 21,
+        item 3): True. False when there is none, or the lease turns out lost: the
+        block then ends as any block does.
+        """
+        if ticket.error() is not None:
+            return False
+        watch = _caller_tx.watch(self._target)
+        if watch is None:
+            return False
+        if exc is None and not link_.sqlite:
+            # The verdict a release would give, while the caller can still roll back:
+            # one renewal, on pylease's own connection. (On SQLite the caller's open
+            # transaction may hold the one write lock: its local belief answers.)
+            sent_at = monotonic()
+            try:
+                rows = await link_.renewals.run(
+                    lambda b: renew_leases(b, [ticket]), name=ticket.name
+                )
+            except Exception:
+                rows = None  # not known: the keeper goes on, and tells a loss loudly
+            if rows is not None:
+                if not rows[0][1]:
+                    notify_lost(ticket, NOT_OURS)
+                    return False
+                ticket.renewed(sent_at, rows[0][2])
+        owner = _caller_tx.owner(self._target)
+        min_hold = self._opts.min_hold
+        await keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
+        return True
+
+    async def _adopt(self) -> bool:
+        """Continue the tenure of an earlier block of this name that ended in the
+        caller's transaction still open (or just ended) on the same connection: held
+        since, it could not be granted again before that transaction ends."""
+        owner = _caller_tx.owner(self._target)
+        if owner is None:
+            return False
+        entry = await keeper().adopt(self._opts.name, self._opts.holder, owner)
+        if entry is None:
+            return False
+        self._link = entry.link
+        self._ticket = ticket = entry.ticket
+        fence = ticket.fence
+        assert fence is not None
+        ticket.ended = False
+        ticket.on_lost = self._on_lost
+        if True:  # ASYNC
+            if self._opts.cancel_on_lost:
+                ticket.task = asyncio.current_task()
+                if ticket.task is not None:
+                    self._cancelling = ticket.task.cancelling()
+        ticket.generation += 1  # the earlier block's Held stays ended
+        self._held = held = Held(ticket.name, ticket.holder, fence, ticket)
+        self._finalizer = weakref.finalize(held, abandon, ticket)
+        self._finalizer.atexit = False
+        return True
 
     if True:  # ASYNC
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from typing import Any, LiteralString
 
 import psycopg
@@ -30,6 +31,8 @@ from psycopg.rows import tuple_row
 
 from pylease._backend_async import AsyncBackend
 from pylease._operations import COUNT, FLAG, GRANT, VALUE, Operation
+from pylease._targets import is_idle
+from pylease.errors import ConfigurationError, SchemaMissing
 from pylease.postgres._errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease.postgres._errors import wrap_errors as wrap_errors
 from pylease.postgres._syncrep import confirmed
@@ -50,7 +53,7 @@ _CALL = re.compile(r"(?<![\w.])(lease_\w+)\(")
 _qualified: dict[tuple[str, str], str] = {}
 
 
-def in_schema(statement: LiteralString, schema: str) -> LiteralString:
+def qualified(statement: LiteralString, schema: str) -> LiteralString:
     """``statement`` with every ``lease_*`` function call qualified by ``schema``."""
     found = _qualified.get((statement, schema))
     if found is None:
@@ -89,6 +92,11 @@ class AsyncPostgresBackend(AsyncBackend):
         #: Run every statement READ COMMITTED with the server's default bounds at once.
         self.defaults = defaults
 
+    def in_schema(self, schema: str) -> AsyncPostgresBackend:
+        if schema == self.schema:
+            return self
+        return AsyncPostgresBackend(self.conn, schema, defaults=self.defaults)
+
     async def installed_schema(self) -> str | None:
         with wrap_errors():
             cur = self.conn.cursor(row_factory=tuple_row)
@@ -118,7 +126,7 @@ class AsyncPostgresBackend(AsyncBackend):
     async def _rows(
         self, op: Operation, params: tuple[Any, ...], name: str | None
     ) -> list[tuple[Any, ...]]:
-        query = op.postgres if self.schema is None else in_schema(op.postgres, self.schema)
+        query = op.postgres if self.schema is None else qualified(op.postgres, self.schema)
         with wrap_errors(name):
             # A client-side cursor holds nothing to close: no `async with` on the hot path.
             cur = self.conn.cursor(row_factory=tuple_row)
@@ -154,3 +162,47 @@ class AsyncPostgresBackend(AsyncBackend):
                     await cur.execute("ROLLBACK")
             raise
         return rows
+
+
+# The schema found on a connection or pool the caller gave, the first time pylease
+# used it: every lease through it names that schema from then on.
+schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def not_installed(name: str | None) -> SchemaMissing:
+    return SchemaMissing(
+        f"pylease: {MISSING_SCHEMA_HINT} (no lease_claim(text, interval, text) on the search_path)",
+        name=name,
+    )
+
+
+async def connection_schema(conn: psycopg.AsyncConnection[Any], name: str | None) -> str:
+    """Where ``lease_claim`` resolves on the caller's ``conn``, by its ``search_path``.
+
+    Looked up once per connection: idle, in a transaction of its own; inside the
+    caller's open transaction, by a read of the catalog that takes no lock and
+    writes nothing (a schema that depended on whether a transaction is open would
+    split leases between two installs).
+    """
+    found = schemas.get(conn)
+    if found is not None:
+        return found
+    if conn.pgconn.transaction_status == TransactionStatus.INERROR:
+        raise ConfigurationError(
+            "pylease: the connection's transaction has failed: roll it back before the first"
+            " lease on it (pylease looks up on it which schema holds pylease)",
+        )
+    backend = AsyncPostgresBackend(conn)
+    if conn.autocommit or not is_idle(conn):
+        schema = await backend.installed_schema()
+    else:
+        try:
+            schema = await backend.installed_schema()
+        finally:
+            if not conn.closed:
+                with wrap_errors(name):
+                    await conn.rollback()
+    if schema is None:
+        raise not_installed(name)
+    schemas[conn] = schema
+    return schema
