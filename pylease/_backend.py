@@ -19,6 +19,7 @@ from typing import Any
 from pylease import _checks
 from pylease._operations import (
     CLAIM,
+    CLAIM_NEW,
     CLAIM_QUEUED,
     CLAIM_QUEUED_LOOKING,
     CLAIM_WAITING,
@@ -26,6 +27,7 @@ from pylease._operations import (
     COUNTERS,
     HISTORY,
     HOLDS,
+    NEW_TENURE,
     PRUNE_HISTORY,
     RELEASE,
     RELEASE_TENURE,
@@ -62,9 +64,25 @@ class Backend:
         """Run ``op`` with its checked parameters; errors name the lease ``name``."""
         raise NotImplementedError
 
+    def in_schema(self, schema: str) -> Backend:
+        """This backend, its statements naming ``schema`` (a backend without schemas: itself)."""
+        return self
+
+    def installed_schema(self) -> str | None:
+        """The schema whose ``lease_claim`` this connection's ``search_path`` finds (None:
+        none, or a backend without schemas)."""
+        return None
+
     def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
         params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
         result: int | None = self._call(CLAIM, params, name)
+        return result
+
+    def claim_new(self, name: str, ttl: timedelta, holder: str) -> int | None:
+        """Claim a new tenure (``lease_claim_new``): a live tenure of ``holder`` itself is
+        busy (another process uses this holder), an expired one gets a new fence."""
+        params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
+        result: int | None = self._call(CLAIM_NEW, params, name)
         return result
 
     def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
@@ -186,13 +204,21 @@ class Backend:
     # Waiting (PostgreSQL): the engine of pylease._waiting_calls these.
 
     def claim_waiting(
-        self, name: str, ttl: timedelta, holder: str, *, status: bool, queued_as: str | None
+        self,
+        name: str,
+        ttl: timedelta,
+        holder: str,
+        *,
+        status: bool,
+        queued_as: str | None,
+        new: bool = False,
     ) -> tuple[int | None, list[LeaseRow] | None]:
         """A waiter's claim, in one statement: (fence, None) when granted, else (None,
         the status rows when ``status``, else None).
 
         :param queued_as: the process's token in the queue of waiting processes, which a
             grant leaves in the claim's own transaction; None when not queued there.
+        :param new: claim a new tenure, as :meth:`claim_new`.
         """
         claim: tuple[object, ...] = (name, ttl, holder, name) if status else (name, ttl, holder)
         if queued_as is not None:
@@ -200,6 +226,8 @@ class Backend:
             claim = (name, queued_as, *claim)
         else:
             op = CLAIM_WAITING_LOOKING if status else CLAIM_WAITING
+        if new:
+            op = NEW_TENURE[op.name]
         rows = self._call(op, claim, name)
         fence: int | None = rows[0][0]
         if fence is not None or not status:

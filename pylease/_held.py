@@ -182,13 +182,21 @@ def describe_loss(ticket: Ticket, row: LeaseRow | None, event: LeaseEvent | None
     newest history event; None when it does not know better than the ticket."""
     if row is None:
         return None
-    if row.holder == ticket.holder and row.fence == ticket.fence:
-        return "its ttl ran out before a renewal reached the database" if not row.held else None
+    same = row.holder == ticket.holder
+    if same and row.fence == ticket.fence:
+        if row.held:
+            return None
+        if row.state == "expired":
+            return "its ttl ran out before a renewal reached the database"
+        # Released, yet not by this block: by someone else using the same holder.
+        return f"it was released by another user of its holder {row.holder!r}"
     how = "claimed"
     if event is not None and event.fence == row.fence and event.holder == row.holder:
         how = {"stolen": "stolen", "taken_over": "taken over after its ttl ran out"}.get(
             event.event, "claimed"
         )
+    if same:
+        return f"{how} with fence {row.fence} by another user of its holder {row.holder!r}"
     return f"{how} by {row.holder!r} with fence {row.fence}"
 
 

@@ -256,7 +256,7 @@ class Keeper:
         thread: it waits for the release only on a caller's thread (sync), and bounded."""
         ticket.abandoned = True
         if not ticket.kept and ticket.link is not None:
-            self._deferred.append(Deferred(ticket, ticket.link.source, None, None, ticket.link))
+            self._deferred.append(Deferred(ticket, ticket.link.renewals, None, None, ticket.link))
         here = threading.current_thread().name
         # The keeper's own threads must not wait for themselves.
         if self._wake() and not here.startswith("pylease-") and not sys.is_finalizing():

@@ -309,7 +309,7 @@ class AsyncKeeper:
         thread: it waits for the release only on a caller's thread (sync), and bounded."""
         ticket.abandoned = True
         if not ticket.kept and ticket.link is not None:
-            self._deferred.append(Deferred(ticket, ticket.link.source, None, None, ticket.link))
+            self._deferred.append(Deferred(ticket, ticket.link.renewals, None, None, ticket.link))
         if True:  # ASYNC
             with contextlib.suppress(RuntimeError):  # a closed loop: the expiry frees it
                 self._loop.call_soon_threadsafe(self._wake)

@@ -11,7 +11,11 @@ lease's :class:`Link`, which knows
   inside the caller's open transaction;
 - its :class:`Source`: the connection renewals run on, shared by every lease
   that reaches the same database (see :mod:`pylease._keeper`);
-- how to LISTEN for released leases while waiting (PostgreSQL only).
+- how to LISTEN for released leases while waiting (PostgreSQL only);
+- the schema its statements name on every connection: where ``lease_claim`` resolves
+  by the ``search_path`` of the caller's connection (looked up the first time pylease
+  uses that connection) or, for a URL or a pool, of the source's. Two installs on
+  one ``search_path`` then never split a lease between them.
 
 Where the two twins differ (the ``if True:  # ASYNC`` blocks): on an event loop,
 sources are shared per loop, not per process, since a psycopg connection of asyncio
@@ -23,11 +27,10 @@ is idle.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import sqlite3
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -42,8 +45,14 @@ from pylease._targets import pool_class
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
 from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
-from pylease.postgres._abandon import Abandon, Abandoned, start_timer
-from pylease.postgres._backend import PostgresBackend, wrap_errors
+from pylease.postgres._abandon import STATEMENT_BOUND, bounded
+from pylease.postgres._backend import (
+    PostgresBackend,
+    connection_schema,
+    not_installed,
+    schemas,
+    wrap_errors,
+)
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
 from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
@@ -60,40 +69,10 @@ Op = Callable[[Backend], T]
 logger = logging.getLogger("pylease")
 
 
-# How long one statement on a connection of pylease's own may run before the
-# connection is abandoned (see pylease.postgres._abandon): with the connect timeout, what
-# bounds the release after a renewal hung, so a block ends within 10 s of its body.
-STATEMENT_BOUND = 3.0
 # A failure within this long came from a connection that was already broken (it broke
 # while idle: a restart, a terminated backend, an idle_session_timeout), not from a
 # database that stopped answering: worth another attempt on a fresh connection.
 AT_ONCE = 1.0
-
-
-@contextlib.contextmanager
-def bounded(conn: psycopg.Connection[Any], seconds: float = STATEMENT_BOUND) -> Iterator[None]:
-    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``.
-
-    Every statement pylease runs is bounded so, on whoever's connection it runs: its
-    own, a pool's, a dedicated one or the caller's (a connection that stopped answering
-    for that long is broken either way; a pool replaces it). The failure is then
-    :class:`Abandoned`: the statement may have reached the server.
-    """
-    abandon = Abandon(conn)
-    cancel = start_timer(seconds, abandon.fire)
-    try:
-        yield
-    except DatabaseUnavailable as exc:
-        if abandon.fired:
-            raise Abandoned(
-                f"pylease: database unavailable: no answer within {seconds:g}s, so the"
-                " connection was abandoned",
-                name=exc.name,
-            ) from exc
-        raise
-    finally:
-        abandon.disarm()
-        cancel()
 
 
 def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
@@ -119,14 +98,39 @@ def run_committed(conn: psycopg.Connection[Any], op: Op[T]) -> T:
             return op(PostgresBackend(conn))
         try:
             result = op(PostgresBackend(conn))
+            try:
+                with wrap_errors():
+                    conn.commit()
+            except DatabaseUnavailable as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
+                    raise
+                # At the commit: a serializable default's verdict, not the race's (nothing
+                # committed). Once more, READ COMMITTED.
+                result = op(PostgresBackend(conn, defaults=True))
+                with wrap_errors():
+                    conn.commit()
         except BaseException:
             if not conn.closed:
                 with wrap_errors():
                     conn.rollback()
             raise
-        with wrap_errors():
-            conn.commit()
         return result
+
+
+def in_schema(op: Op[T], schema: str | None) -> Op[T]:
+    """``op`` with every statement naming ``schema`` (None: as it is)."""
+    if schema is None:
+        return op
+
+    def named(b: Backend) -> T:
+        return op(b.in_schema(schema))
+
+    return named
+
+
+def find_schema(b: Backend) -> str | None:
+    """Where the ``search_path`` of a source's connection finds pylease."""
+    return b.installed_schema()
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -145,14 +149,42 @@ class Source(Protocol):
     def run(
         self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection.
+        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection;
+        ``urgent`` (a renewal, a block's way out): a pool's connection is waited for at
+        most :data:`STATEMENT_BOUND`."""
+        ...
 
-        ``urgent``: a renewal, or on the way out of a block, where every wait is bounded
-        (a pool's connection is waited for at most :data:`STATEMENT_BOUND`).
-        """
+    def schema(self, name: str | None) -> str | None:
+        """The schema its statements name (None: SQLite), found once."""
         ...
 
     def close(self) -> None: ...
+
+
+class SchemaSource:
+    """A source whose statements name one schema: how the keeper renews a link's leases
+    (leases of one source in two schemas are two groups)."""
+
+    def __init__(self, source: Source, schema: str | None) -> None:
+        self.source = source
+        self.key: Hashable = (source.key, schema)
+        self._schema = schema
+
+    @property
+    def label(self) -> str:
+        return self.source.label
+
+    def run(
+        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
+        op = in_schema(op, self._schema)
+        return self.source.run(op, name=name, retry=retry, urgent=urgent)
+
+    def schema(self, name: str | None) -> str | None:
+        return self._schema
+
+    def close(self) -> None:
+        pass
 
 
 class ConninfoSource:
@@ -167,10 +199,20 @@ class ConninfoSource:
         self._given = conninfo
         self._lock = Lock()
         self._conn: psycopg.Connection[Any] | None = None
+        self._schema: str | None = None
 
     @functools.cached_property
     def label(self) -> str:
         return dsn_mod.redact(self._given)
+
+    def schema(self, name: str | None) -> str | None:
+        if self._schema is None:
+            # Its connection has no session state: the conninfo's options and the
+            # role's and database's settings make its search_path.
+            self._schema = self.run(find_schema, name=name, retry=True)
+            if self._schema is None:
+                raise not_installed(name)
+        return self._schema
 
     @functools.cached_property
     def _conninfo(self) -> str:
@@ -240,6 +282,16 @@ class PoolSource:
             result: T = run_committed(conn, op)
             return result
 
+    def schema(self, name: str | None) -> str | None:
+        found = schemas.get(self.pool)
+        if found is None:
+            # Looked up once per pool: its connections are configured alike.
+            found = self.run(find_schema, name=name, retry=True)
+            if found is None:
+                raise not_installed(name)
+            schemas[self.pool] = found
+        return found
+
     def close(self) -> None:
         pass
 
@@ -258,6 +310,10 @@ class ConnectionSource:
     ) -> T:
         with self._lock:
             return run_committed(self.conn, op)
+
+    def schema(self, name: str | None) -> str | None:
+        with self._lock:
+            return connection_schema(self.conn, name)
 
     def close(self) -> None:
         pass
@@ -288,6 +344,9 @@ class SqliteSource:
     ) -> T:
         backend: Backend = sqlite_module().SqliteBackend(self.connection())
         return op(backend)
+
+    def schema(self, name: str | None) -> str | None:
+        return None
 
     def close(self) -> None:
         with self._lock:
@@ -356,10 +415,32 @@ class Link:
         self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, SqliteSource)
+        self._schema: str | None = None
+        self._renewals: Source | None = None
+
+    def schema(self, name: str | None) -> str | None:
+        """The schema every statement of this link names (None: SQLite), found once."""
+        if self._schema is None and not self.sqlite:
+            if self.conn is not None:
+                self._schema = connection_schema(self.conn, name)
+            else:
+                self._schema = self.source.schema(name)
+        return self._schema
+
+    @property
+    def renewals(self) -> Source:
+        """The source the keeper renews this link's leases through, in its schema."""
+        if self.sqlite:
+            return self.source
+        if self._renewals is None:
+            assert self._schema is not None, "a lease is kept only once claimed"
+            self._renewals = SchemaSource(self.source, self._schema)
+        return self._renewals
 
     def run(
         self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
+        op = in_schema(op, self._schema or self.schema(name))
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
@@ -374,13 +455,14 @@ class Link:
         source when the first attempt failed at once (its connection had broken while
         idle). The release names its tenure, so running it twice frees nothing else;
         ``again`` answers for a first attempt that may have done it already."""
+        schema = self._schema or self.schema(name)
         started = monotonic()
         try:
-            return self._release(op, name)
+            return self._release(in_schema(op, schema), name)
         except DatabaseUnavailable:
             if again is None or monotonic() - started > AT_ONCE:
                 raise
-        return self.source.run(again, name=name, retry=True, urgent=True)
+        return self.source.run(in_schema(again, schema), name=name, retry=True, urgent=True)
 
     def _release(self, op: Op[T], name: str) -> T:
         conn = self.conn

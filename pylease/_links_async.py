@@ -10,7 +10,11 @@ lease's :class:`AsyncLink`, which knows
   inside the caller's open transaction;
 - its :class:`AsyncSource`: the connection renewals run on, shared by every lease
   that reaches the same database (see :mod:`pylease._keeper_async`);
-- how to LISTEN for released leases while waiting (PostgreSQL only).
+- how to LISTEN for released leases while waiting (PostgreSQL only);
+- the schema its statements name on every connection: where ``lease_claim`` resolves
+  by the ``search_path`` of the caller's connection (looked up the first time pylease
+  uses that connection) or, for a URL or a pool, of the source's. Two installs on
+  one ``search_path`` then never split a lease between them.
 
 Where the two twins differ (the ``if True:  # ASYNC`` blocks): on an event loop,
 sources are shared per loop, not per process, since a psycopg connection of asyncio
@@ -23,12 +27,11 @@ is idle.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import sqlite3
 import weakref
-from collections.abc import Awaitable, Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -43,8 +46,14 @@ from pylease._targets import is_idle as is_idle
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
 from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
-from pylease.postgres._abandon import Abandon, Abandoned, start_timer
-from pylease.postgres._backend_async import AsyncPostgresBackend, wrap_errors
+from pylease.postgres._abandon import STATEMENT_BOUND, bounded
+from pylease.postgres._backend_async import (
+    AsyncPostgresBackend,
+    connection_schema,
+    not_installed,
+    schemas,
+    wrap_errors,
+)
 from pylease.postgres._conninfo import CHANNEL as CHANNEL
 from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
 from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
@@ -61,46 +70,10 @@ AsyncOp = Callable[[AsyncBackend], Awaitable[T]]
 logger = logging.getLogger("pylease")
 
 
-# How long one statement on a connection of pylease's own may run before the
-# connection is abandoned (see pylease.postgres._abandon): with the connect timeout, what
-# bounds the release after a renewal hung, so a block ends within 10 s of its body.
-STATEMENT_BOUND = 3.0
 # A failure within this long came from a connection that was already broken (it broke
 # while idle: a restart, a terminated backend, an idle_session_timeout), not from a
 # database that stopped answering: worth another attempt on a fresh connection.
 AT_ONCE = 1.0
-
-
-@contextlib.contextmanager
-def bounded(conn: psycopg.AsyncConnection[Any], seconds: float = STATEMENT_BOUND) -> Iterator[None]:
-    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``.
-
-    Every statement pylease runs is bounded so, on whoever's connection it runs: its
-    own, a pool's, a dedicated one or the caller's (a connection that stopped answering
-    for that long is broken either way; a pool replaces it). The failure is then
-    :class:`Abandoned`: the statement may have reached the server.
-    """
-    abandon = Abandon(conn)
-    if True:  # ASYNC
-        handle = asyncio.get_running_loop().call_later(seconds, abandon.fire)
-    else:
-        cancel = start_timer(seconds, abandon.fire)
-    try:
-        yield
-    except DatabaseUnavailable as exc:
-        if abandon.fired:
-            raise Abandoned(
-                f"pylease: database unavailable: no answer within {seconds:g}s, so the"
-                " connection was abandoned",
-                name=exc.name,
-            ) from exc
-        raise
-    finally:
-        abandon.disarm()
-        if True:  # ASYNC
-            handle.cancel()
-        else:
-            cancel()
 
 
 async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnection[Any]:
@@ -128,14 +101,39 @@ async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T
             return await op(AsyncPostgresBackend(conn))
         try:
             result = await op(AsyncPostgresBackend(conn))
+            try:
+                with wrap_errors():
+                    await conn.commit()
+            except DatabaseUnavailable as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
+                    raise
+                # At the commit: a serializable default's verdict, not the race's (nothing
+                # committed). Once more, READ COMMITTED.
+                result = await op(AsyncPostgresBackend(conn, defaults=True))
+                with wrap_errors():
+                    await conn.commit()
         except BaseException:
             if not conn.closed:
                 with wrap_errors():
                     await conn.rollback()
             raise
-        with wrap_errors():
-            await conn.commit()
         return result
+
+
+def in_schema(op: AsyncOp[T], schema: str | None) -> AsyncOp[T]:
+    """``op`` with every statement naming ``schema`` (None: as it is)."""
+    if schema is None:
+        return op
+
+    async def named(b: AsyncBackend) -> T:
+        return await op(b.in_schema(schema))
+
+    return named
+
+
+async def find_schema(b: AsyncBackend) -> str | None:
+    """Where the ``search_path`` of a source's connection finds pylease."""
+    return await b.installed_schema()
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -154,14 +152,42 @@ class AsyncSource(Protocol):
     async def run(
         self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection.
+        """Run ``op`` as a transaction of its own; ``retry`` once on a stale connection;
+        ``urgent`` (a renewal, a block's way out): a pool's connection is waited for at
+        most :data:`STATEMENT_BOUND`."""
+        ...
 
-        ``urgent``: a renewal, or on the way out of a block, where every wait is bounded
-        (a pool's connection is waited for at most :data:`STATEMENT_BOUND`).
-        """
+    async def schema(self, name: str | None) -> str | None:
+        """The schema its statements name (None: SQLite), found once."""
         ...
 
     async def close(self) -> None: ...
+
+
+class AsyncSchemaSource:
+    """A source whose statements name one schema: how the keeper renews a link's leases
+    (leases of one source in two schemas are two groups)."""
+
+    def __init__(self, source: AsyncSource, schema: str | None) -> None:
+        self.source = source
+        self.key: Hashable = (source.key, schema)
+        self._schema = schema
+
+    @property
+    def label(self) -> str:
+        return self.source.label
+
+    async def run(
+        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
+    ) -> T:
+        op = in_schema(op, self._schema)
+        return await self.source.run(op, name=name, retry=retry, urgent=urgent)
+
+    async def schema(self, name: str | None) -> str | None:
+        return self._schema
+
+    async def close(self) -> None:
+        pass
 
 
 class AsyncConninfoSource:
@@ -176,10 +202,20 @@ class AsyncConninfoSource:
         self._given = conninfo
         self._lock = ALock()
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._schema: str | None = None
 
     @functools.cached_property
     def label(self) -> str:
         return dsn_mod.redact(self._given)
+
+    async def schema(self, name: str | None) -> str | None:
+        if self._schema is None:
+            # Its connection has no session state: the conninfo's options and the
+            # role's and database's settings make its search_path.
+            self._schema = await self.run(find_schema, name=name, retry=True)
+            if self._schema is None:
+                raise not_installed(name)
+        return self._schema
 
     @functools.cached_property
     def _conninfo(self) -> str:
@@ -254,6 +290,16 @@ class AsyncPoolSource:
                 result: T = await run_committed(conn, op)
                 return result
 
+    async def schema(self, name: str | None) -> str | None:
+        found = schemas.get(self.pool)
+        if found is None:
+            # Looked up once per pool: its connections are configured alike.
+            found = await self.run(find_schema, name=name, retry=True)
+            if found is None:
+                raise not_installed(name)
+            schemas[self.pool] = found
+        return found
+
     async def close(self) -> None:
         pass
 
@@ -272,6 +318,10 @@ class AsyncConnectionSource:
     ) -> T:
         async with self._lock:
             return await run_committed(self.conn, op)
+
+    async def schema(self, name: str | None) -> str | None:
+        async with self._lock:
+            return await connection_schema(self.conn, name)
 
     async def close(self) -> None:
         pass
@@ -302,6 +352,9 @@ class AsyncSqliteSource:
     ) -> T:
         backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(await self.connection())
         return await op(backend)
+
+    async def schema(self, name: str | None) -> str | None:
+        return None
 
     async def close(self) -> None:
         async with self._lock:
@@ -382,10 +435,32 @@ class AsyncLink:
         self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
         self.sqlite = isinstance(source, AsyncSqliteSource)
+        self._schema: str | None = None
+        self._renewals: AsyncSource | None = None
+
+    async def schema(self, name: str | None) -> str | None:
+        """The schema every statement of this link names (None: SQLite), found once."""
+        if self._schema is None and not self.sqlite:
+            if self.conn is not None:
+                self._schema = await connection_schema(self.conn, name)
+            else:
+                self._schema = await self.source.schema(name)
+        return self._schema
+
+    @property
+    def renewals(self) -> AsyncSource:
+        """The source the keeper renews this link's leases through, in its schema."""
+        if self.sqlite:
+            return self.source
+        if self._renewals is None:
+            assert self._schema is not None, "a lease is kept only once claimed"
+            self._renewals = AsyncSchemaSource(self.source, self._schema)
+        return self._renewals
 
     async def run(
         self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
+        op = in_schema(op, self._schema or await self.schema(name))
         conn = self.conn
         if conn is not None and (is_idle(conn) or conn.closed):
             # A closed connection fails loudly here rather than silently elsewhere.
@@ -403,13 +478,14 @@ class AsyncLink:
         source when the first attempt failed at once (its connection had broken while
         idle). The release names its tenure, so running it twice frees nothing else;
         ``again`` answers for a first attempt that may have done it already."""
+        schema = self._schema or await self.schema(name)
         started = monotonic()
         try:
-            return await self._release(op, name)
+            return await self._release(in_schema(op, schema), name)
         except DatabaseUnavailable:
             if again is None or monotonic() - started > AT_ONCE:
                 raise
-        return await self.source.run(again, name=name, retry=True, urgent=True)
+        return await self.source.run(in_schema(again, schema), name=name, retry=True, urgent=True)
 
     async def _release(self, op: AsyncOp[T], name: str) -> T:
         conn = self.conn

@@ -135,6 +135,19 @@ class LeaseEvent:
 CLAIM = Operation(
     "claim", GRANT, "SELECT lease_claim(%s, %s, %s)", ("name", "ttl_seconds", "holder"), VALUE
 )
+
+
+# A claim that only starts a new tenure (migration 0007): the Python API and the command
+# line claim so with a holder they were given, so that another process using the same
+# holder is busy, never joined (contract 5.6). A default holder is unique to its claim:
+# there the plain claim lets a retry whose first answer was lost find its own grant.
+def new_tenure(op: Operation) -> Operation:
+    """``op`` with ``lease_claim_new`` for ``lease_claim``; its SQLite file ``<name>_new``."""
+    postgres = op.postgres.replace("lease_claim(", "lease_claim_new(")
+    return Operation(op.name + "_new", op.kind, postgres, op.sqlite, op.answer)
+
+
+CLAIM_NEW = new_tenure(CLAIM)
 RENEW = Operation(
     "renew", GRANT, "SELECT lease_renew(%s, %s, %s)", ("name", "holder", "ttl_seconds"), FLAG
 )
@@ -231,6 +244,7 @@ PRUNE_HISTORY = Operation(
 #: Every operation, in the order of the contract.
 OPERATIONS = (
     CLAIM,
+    CLAIM_NEW,
     RENEW,
     RENEW_MANY,
     RENEW_EACH,
@@ -315,6 +329,12 @@ CLAIM_QUEUED_LOOKING = Operation(
     tuple,
 )
 
+#: The waiters' claims of a new tenure (see CLAIM_NEW), by the plain claim's name.
+NEW_TENURE = {
+    op.name: new_tenure(op)
+    for op in (CLAIM_WAITING, CLAIM_WAITING_LOOKING, CLAIM_QUEUED, CLAIM_QUEUED_LOOKING)
+}
+
 #: The operations of waiters, which only the PostgreSQL backend runs.
 WAITING = (
     WAIT,
@@ -323,4 +343,5 @@ WAITING = (
     CLAIM_WAITING_LOOKING,
     CLAIM_QUEUED,
     CLAIM_QUEUED_LOOKING,
+    *NEW_TENURE.values(),
 )

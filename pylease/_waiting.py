@@ -110,18 +110,24 @@ class Attempt(Protocol):
 
 
 class LeaseClaim:
-    """The attempt of a lease: ``lease_claim(name, ttl, holder)``."""
+    """The attempt of a lease: ``lease_claim(name, ttl, holder)``; with ``new``,
+    ``lease_claim_new``, for a holder the caller chose (see
+    :data:`pylease._operations.CLAIM_NEW`)."""
 
-    def __init__(self, name: str, ttl: timedelta, holder: str) -> None:
-        self.name, self.ttl, self.holder = name, ttl, holder
+    def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
+        self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
 
     def claim(self, b: Backend) -> int | None:
+        if self.new:
+            return b.claim_new(self.name, self.ttl, self.holder)
         return b.claim(self.name, self.ttl, self.holder)
 
     def claim_waiting(
         self, b: Backend, *, status: bool, queued_as: str | None
     ) -> tuple[int | None, list[LeaseRow] | None]:
-        return b.claim_waiting(self.name, self.ttl, self.holder, status=status, queued_as=queued_as)
+        return b.claim_waiting(
+            self.name, self.ttl, self.holder, status=status, queued_as=queued_as, new=self.new
+        )
 
     def status(self, b: Backend) -> list[LeaseRow]:
         return b.status(self.name)
@@ -258,7 +264,7 @@ class Wait:
             rows = self.link.run(self.attempt.status, name=self.attempt.name)
             holding = current_holder(rows)[0]
             self._report(rows)
-        raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0)
+        raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0, claimer=self.attempt.holder)
 
     def _turn(self) -> int | _Turn:
         """Queue the process and attempt, as due; an outage is ridden out here."""
@@ -347,7 +353,12 @@ class Wait:
         if not self.retry:
             self.retry = True  # one last claim before giving up
             return True
-        raise LeaseBusy(self.attempt.name, holder=self.current, waited=now - self.start)
+        raise LeaseBusy(
+            self.attempt.name,
+            holder=self.current,
+            waited=now - self.start,
+            claimer=self.attempt.holder,
+        )
 
     def _pause(self) -> None:
         """Sleep until the next attempt is due: a notification, the holder's expiry, a poll."""
@@ -419,6 +430,7 @@ def acquire(
     :raises LeaseBusy: the wait ran out.
     :raises WaitStopped: ``stop`` was set first.
     """
-    attempt = LeaseClaim(opts.name, opts.ttl, holder)
+    # A holder the caller chose may be another process's too: claim a new tenure.
+    attempt = LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
     wait = Wait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
     return wait.run()

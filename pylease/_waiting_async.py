@@ -110,19 +110,23 @@ class Attempt(Protocol):
 
 
 class LeaseClaim:
-    """The attempt of a lease: ``lease_claim(name, ttl, holder)``."""
+    """The attempt of a lease: ``lease_claim(name, ttl, holder)``; with ``new``,
+    ``lease_claim_new``, for a holder the caller chose (see
+    :data:`pylease._operations.CLAIM_NEW`)."""
 
-    def __init__(self, name: str, ttl: timedelta, holder: str) -> None:
-        self.name, self.ttl, self.holder = name, ttl, holder
+    def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
+        self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
 
     async def claim(self, b: AsyncBackend) -> int | None:
+        if self.new:
+            return await b.claim_new(self.name, self.ttl, self.holder)
         return await b.claim(self.name, self.ttl, self.holder)
 
     async def claim_waiting(
         self, b: AsyncBackend, *, status: bool, queued_as: str | None
     ) -> tuple[int | None, list[LeaseRow] | None]:
         return await b.claim_waiting(
-            self.name, self.ttl, self.holder, status=status, queued_as=queued_as
+            self.name, self.ttl, self.holder, status=status, queued_as=queued_as, new=self.new
         )
 
     async def status(self, b: AsyncBackend) -> list[LeaseRow]:
@@ -260,7 +264,7 @@ class AsyncWait:
             rows = await self.link.run(self.attempt.status, name=self.attempt.name)
             holding = current_holder(rows)[0]
             await self._report(rows)
-        raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0)
+        raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0, claimer=self.attempt.holder)
 
     async def _turn(self) -> int | _Turn:
         """Queue the process and attempt, as due; an outage is ridden out here."""
@@ -354,7 +358,12 @@ class AsyncWait:
         if not self.retry:
             self.retry = True  # one last claim before giving up
             return True
-        raise LeaseBusy(self.attempt.name, holder=self.current, waited=now - self.start)
+        raise LeaseBusy(
+            self.attempt.name,
+            holder=self.current,
+            waited=now - self.start,
+            claimer=self.attempt.holder,
+        )
 
     async def _pause(self) -> None:
         """Sleep until the next attempt is due: a notification, the holder's expiry, a poll."""
@@ -426,6 +435,7 @@ async def acquire(
     :raises LeaseBusy: the wait ran out.
     :raises WaitStopped: ``stop`` was set first.
     """
-    attempt = LeaseClaim(opts.name, opts.ttl, holder)
+    # A holder the caller chose may be another process's too: claim a new tenure.
+    attempt = LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
     wait = AsyncWait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
     return await wait.run()

@@ -41,12 +41,19 @@ class LeaseBusy(PyleaseError):
         *,
         holder: str | None = None,
         waited: float = 0.0,
+        claimer: str | None = None,
     ) -> None:
         self.holder = holder
         self.waited = waited
         by = f" by {holder}" if holder else ""
         after = f" after waiting {waited:.3f}s" if waited else ""
-        super().__init__(f"lease {name!r} is held{by}{after}", name=name)
+        why = ""
+        if holder is not None and holder == claimer:
+            why = (
+                ", the holder this claim was given: another process uses the same holder"
+                " (a holder names one claim; give each process its own)"
+            )
+        super().__init__(f"lease {name!r} is held{by}{why}{after}", name=name)
 
 
 class LeaseLost(PyleaseError):

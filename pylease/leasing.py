@@ -156,7 +156,7 @@ class Lease:
         # release would let another holder in under it. The expiry frees the lease.
         self._finalizer.atexit = False
         if opts.heartbeat:
-            keeper().add(ticket, link_.source)
+            keeper().add(ticket, link_.renewals)
         return held
 
     def __exit__(
@@ -182,7 +182,7 @@ class Lease:
             return  # released later; the body's exception, if any, goes on as it is
         try:
             if self._opts.heartbeat:
-                keeper().remove(ticket, link_.source)
+                keeper().remove(ticket, link_.renewals)
                 if ticket.callback is not None:
                     settle(ticket)
             released, trouble = release(link_, ticket, self._opts.min_hold)
@@ -211,7 +211,7 @@ class Lease:
             # transaction may hold the one write lock: its local belief answers.)
             sent_at = monotonic()
             try:
-                rows = link_.source.run(lambda b: renew_leases(b, [ticket]), name=ticket.name)
+                rows = link_.renewals.run(lambda b: renew_leases(b, [ticket]), name=ticket.name)
             except Exception:
                 rows = None  # not known: the keeper goes on, and tells a loss loudly
             if rows is not None:
@@ -221,7 +221,7 @@ class Lease:
                 ticket.renewed(sent_at, rows[0][2])
         owner = _caller_tx.owner(self._target)
         min_hold = self._opts.min_hold
-        keeper().defer(Deferred(ticket, link_.source, watch, min_hold, link_, owner=owner))
+        keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
         return True
 
     def _adopt(self) -> bool:
@@ -402,7 +402,7 @@ class KeepFresh:
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
         self._ticket = ticket
-        keeper().add(ticket, link_.source)
+        keeper().add(ticket, link_.renewals)
         return Held(name, holder, row.fence, ticket)
 
     def __exit__(
@@ -417,7 +417,7 @@ class KeepFresh:
         if inherited(ticket):
             return  # a forked child's: nothing of it is the child's (see Lease)
         try:
-            keeper().remove(ticket, link_.source)
+            keeper().remove(ticket, link_.renewals)
             settle(ticket)
         finally:
             link_.close()

@@ -166,7 +166,7 @@ class AsyncLease:
         # release would let another holder in under it. The expiry frees the lease.
         self._finalizer.atexit = False
         if opts.heartbeat:
-            await keeper().add(ticket, link_.source)
+            await keeper().add(ticket, link_.renewals)
         return held
 
     async def __aexit__(
@@ -195,7 +195,7 @@ class AsyncLease:
             return  # released later; the body's exception, if any, goes on as it is
         try:
             if self._opts.heartbeat:
-                await keeper().remove(ticket, link_.source)
+                await keeper().remove(ticket, link_.renewals)
                 if ticket.callback is not None:
                     await settle(ticket)
             if True:  # ASYNC
@@ -241,7 +241,9 @@ class AsyncLease:
             # transaction may hold the one write lock: its local belief answers.)
             sent_at = monotonic()
             try:
-                rows = await link_.source.run(lambda b: renew_leases(b, [ticket]), name=ticket.name)
+                rows = await link_.renewals.run(
+                    lambda b: renew_leases(b, [ticket]), name=ticket.name
+                )
             except Exception:
                 rows = None  # not known: the keeper goes on, and tells a loss loudly
             if rows is not None:
@@ -251,7 +253,7 @@ class AsyncLease:
                 ticket.renewed(sent_at, rows[0][2])
         owner = _caller_tx.owner(self._target)
         min_hold = self._opts.min_hold
-        await keeper().defer(Deferred(ticket, link_.source, watch, min_hold, link_, owner=owner))
+        await keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
         return True
 
     async def _adopt(self) -> bool:
@@ -548,7 +550,7 @@ class AsyncKeepFresh:
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
         self._ticket = ticket
-        await keeper().add(ticket, link_.source)
+        await keeper().add(ticket, link_.renewals)
         return Held(name, holder, row.fence, ticket)
 
     async def __aexit__(
@@ -563,7 +565,7 @@ class AsyncKeepFresh:
         if inherited(ticket):
             return  # a forked child's: nothing of it is the child's (see AsyncLease)
         try:
-            await keeper().remove(ticket, link_.source)
+            await keeper().remove(ticket, link_.renewals)
             await settle(ticket)
         finally:
             await link_.close()

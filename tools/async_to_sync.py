@@ -98,6 +98,7 @@ NAMES = {
     "AsyncPoolSource": "PoolSource",
     "AsyncConnectionSource": "ConnectionSource",
     "AsyncSqliteSource": "SqliteSource",
+    "AsyncSchemaSource": "SchemaSource",
     "AsyncRegistry": "Registry",
     "AsyncWatcher": "Watcher",
     "AsyncHub": "Hub",

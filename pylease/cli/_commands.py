@@ -142,7 +142,7 @@ def claim(
             )
         if fence is None:
             if not as_json and not quiet:
-                say(_render.busy_line(name, busy.row, server_clock(store), where(store)))
+                say(_render.busy_line(name, busy.row, server_clock(store), where(store), holder))
             raise typer.Exit(EXIT_NO)
         if not as_json:
             typer.echo(f"{holder}\t{fence}")

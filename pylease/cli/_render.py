@@ -81,8 +81,15 @@ def row_json(row: LeaseRow) -> dict[str, Any]:
     }
 
 
-def busy_line(name: str, row: LeaseRow | None, now: datetime, where: str | None = None) -> str:
-    """Why a claim was refused: who holds the lease, with which fence, until when."""
+def busy_line(
+    name: str,
+    row: LeaseRow | None,
+    now: datetime,
+    where: str | None = None,
+    claimer: str | None = None,
+) -> str:
+    """Why a claim was refused: who holds the lease, with which fence, until when; and
+    when that is the claim's own ``claimer``, that another process uses it."""
     place = f" (in {where})" if where else ""
     if row is None:
         return f"lease {name!r} is busy{place}"
@@ -90,7 +97,13 @@ def busy_line(name: str, row: LeaseRow | None, now: datetime, where: str | None 
     by = printable(row.holder)
     if row.held:
         until = durations.relative(left, "expires in {}", "expired {} ago")
-        return f"lease {name!r} is held by {by} (fence {row.fence}, {until}){place}"
+        line = f"lease {name!r} is held by {by} (fence {row.fence}, {until}){place}"
+        if row.holder == claimer:
+            line += (
+                ": that is this claim's own --holder, which another process uses"
+                " (a holder names one claim; give each process its own)"
+            )
+        return line
     until = durations.relative(left, "claimable in {}", "free {} ago")
     return f"lease {name!r} was released by {by} and rests until its min-hold ({until}){place}"
 

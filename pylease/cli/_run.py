@@ -153,7 +153,11 @@ def hold_and_run(
                     holding, held = enter(on_lost, busy)
                 except LeaseBusy:
                     if not quiet:
-                        say(_render.busy_line(name, busy.row, server_clock(store), where(store)))
+                        say(
+                            _render.busy_line(
+                                name, busy.row, server_clock(store), where(store), holder
+                            )
+                        )
                     raise typer.Exit(busy_exit) from None
             fence = held.fence
             env = dict(os.environ)

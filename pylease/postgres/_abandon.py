@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pylease.errors import DatabaseUnavailable
@@ -128,3 +128,36 @@ if hasattr(os, "register_at_fork"):
 def start_timer(seconds: float, fn: Callable[[], None]) -> Callable[[], None]:
     """Call ``fn`` on a daemon thread in ``seconds``; returns what cancels it."""
     return _timers.start(seconds, fn)
+
+
+# How long one statement pylease runs may take before its connection is abandoned: with
+# the connect timeout, what bounds the release after a renewal hung, so a block ends
+# within 10 s of its body.
+STATEMENT_BOUND = 3.0
+
+
+@contextlib.contextmanager
+def bounded(conn: Any, seconds: float = STATEMENT_BOUND) -> Iterator[None]:
+    """Abandon ``conn`` (shut its socket down) if the block runs past ``seconds``.
+
+    Every statement pylease runs is bounded so, on whoever's connection it runs: its own,
+    a pool's, a dedicated one or the caller's (a connection that stopped answering that
+    long is broken either way; a pool replaces it). The failure is then
+    :class:`Abandoned`: the statement may have reached the server. The timer is a thread
+    for the async side too: it fires even while a callback blocks the event loop.
+    """
+    abandon = Abandon(conn)
+    cancel = start_timer(seconds, abandon.fire)
+    try:
+        yield
+    except DatabaseUnavailable as exc:
+        if abandon.fired:
+            raise Abandoned(
+                f"pylease: database unavailable: no answer within {seconds:g}s, so the"
+                " connection was abandoned",
+                name=exc.name,
+            ) from exc
+        raise
+    finally:
+        abandon.disarm()
+        cancel()

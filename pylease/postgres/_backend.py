@@ -8,28 +8,100 @@ a statement of its own, with tuple rows whatever the connection's row factory; t
 caller decides which connection that is (see ``pylease.lease``). Driver errors are
 mapped in one place, :func:`wrap_errors`. :mod:`pylease.postgres` exports both
 backends, the sync one and the one.
+
+Given a schema, every function call names it, so that the statements of one lease run
+in one schema on every connection, whatever each one's ``search_path`` says. A role's
+or database's settings never decide a race either: a statement they made fail (a
+serialization failure under ``default_transaction_isolation``, a ``statement_timeout``
+or ``lock_timeout`` that cancelled it; nothing of it committed) runs again once, in a
+transaction of its own that is READ COMMITTED with the server's default bounds.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import re
+import weakref
+from typing import Any, LiteralString
 
 import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from pylease._backend import Backend
 from pylease._operations import COUNT, FLAG, GRANT, VALUE, Operation
+from pylease._targets import is_idle
+from pylease.errors import ConfigurationError, SchemaMissing
 from pylease.postgres._backend_async import AsyncPostgresBackend as AsyncPostgresBackend
 from pylease.postgres._errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease.postgres._errors import wrap_errors as wrap_errors
 from pylease.postgres._syncrep import confirmed
 
+#: Where ``lease_claim`` resolves by a connection's ``search_path``: the schema a
+#: lease's statements then name on every connection. Not installed, the cast raises
+#: 42883, as a call would (SchemaMissing).
+RESOLVE: LiteralString = (
+    "SELECT n.nspname FROM pg_catalog.pg_proc AS p"
+    " JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace"
+    " WHERE p.oid = 'lease_claim(text,interval,text)'::pg_catalog.regprocedure"
+)
+
+_CALL = re.compile(r"(?<![\w.])(lease_\w+)\(")
+_qualified: dict[tuple[str, str], str] = {}
+
+
+def qualified(statement: LiteralString, schema: str) -> LiteralString:
+    """``statement`` with every ``lease_*`` function call qualified by ``schema``."""
+    found = _qualified.get((statement, schema))
+    if found is None:
+        prefix = sql.Identifier(schema).as_string(None) + "."
+        found = _CALL.sub(lambda m: prefix + m.group(1) + "(", statement)
+        _qualified[(statement, schema)] = found
+    # The schema is quoted as an identifier: the statement stays one of ours.
+    return found
+
+
+# What a role's or database's settings can make a statement fail with, where the same
+# statement run with the server's defaults would have answered: it committed nothing.
+_SETTINGS_FAILURES = (
+    pg_errors.SerializationFailure,
+    pg_errors.QueryCanceled,
+    pg_errors.LockNotAvailable,
+)
+_DEFAULTS: LiteralString = (
+    "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;"
+    " SET LOCAL idle_in_transaction_session_timeout = 0"
+)
+
 
 class PostgresBackend(Backend):
-    """Lease operations on one psycopg connection."""
+    """Lease operations on one psycopg connection; with ``schema``, that schema's."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        schema: str | None = None,
+        *,
+        defaults: bool = False,
+    ) -> None:
         self.conn = conn
+        self.schema = schema
+        #: Run every statement READ COMMITTED with the server's default bounds at once.
+        self.defaults = defaults
+
+    def in_schema(self, schema: str) -> PostgresBackend:
+        if schema == self.schema:
+            return self
+        return PostgresBackend(self.conn, schema, defaults=self.defaults)
+
+    def installed_schema(self) -> str | None:
+        with wrap_errors():
+            cur = self.conn.cursor(row_factory=tuple_row)
+            cur.execute(RESOLVE)
+            row = cur.fetchone()
+        return None if row is None else str(row[0])
 
     def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
         if op.kind is GRANT:
@@ -53,8 +125,83 @@ class PostgresBackend(Backend):
     def _rows(
         self, op: Operation, params: tuple[Any, ...], name: str | None
     ) -> list[tuple[Any, ...]]:
+        query = op.postgres if self.schema is None else qualified(op.postgres, self.schema)
         with wrap_errors(name):
             # A client-side cursor holds nothing to close: no `with` on the hot path.
             cur = self.conn.cursor(row_factory=tuple_row)
-            cur.execute(op.postgres, params)
+            if self.defaults:
+                return self._with_defaults(cur, query, params)
+            try:
+                cur.execute(query, params)
+            except _SETTINGS_FAILURES:
+                return self._with_defaults(cur, query, params)
             return cur.fetchall()
+
+    def _with_defaults(
+        self, cur: psycopg.Cursor[tuple[Any, ...]], query: LiteralString, params: Any
+    ) -> list[tuple[Any, ...]]:
+        """Run the statement again, READ COMMITTED with the server's default bounds, in a
+        transaction that ends with it: nothing is left set on the connection."""
+        conn = self.conn
+        if not conn.autocommit:
+            # The transaction is one run_committed opened for this statement alone.
+            if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+            cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; " + _DEFAULTS)
+            cur.execute(query, params)
+            return cur.fetchall()
+        cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED; " + _DEFAULTS)
+        try:
+            cur.execute(query, params)
+            rows = cur.fetchall()
+            cur.execute("COMMIT")
+        except BaseException:
+            if conn.pgconn.transaction_status != TransactionStatus.IDLE and not conn.broken:
+                with contextlib.suppress(psycopg.Error):
+                    cur.execute("ROLLBACK")
+            raise
+        return rows
+
+
+# The schema found on a connection or pool the caller gave, the first time pylease
+# used it: every lease through it names that schema from then on.
+schemas: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def not_installed(name: str | None) -> SchemaMissing:
+    return SchemaMissing(
+        f"pylease: {MISSING_SCHEMA_HINT} (no lease_claim(text, interval, text) on the search_path)",
+        name=name,
+    )
+
+
+def connection_schema(conn: psycopg.Connection[Any], name: str | None) -> str:
+    """Where ``lease_claim`` resolves on the caller's ``conn``, by its ``search_path``.
+
+    Looked up once per connection: idle, in a transaction of its own; inside the
+    caller's open transaction, by a read of the catalog that takes no lock and
+    writes nothing (a schema that depended on whether a transaction is open would
+    split leases between two installs).
+    """
+    found = schemas.get(conn)
+    if found is not None:
+        return found
+    if conn.pgconn.transaction_status == TransactionStatus.INERROR:
+        raise ConfigurationError(
+            "pylease: the connection's transaction has failed: roll it back before the first"
+            " lease on it (pylease looks up on it which schema holds pylease)",
+        )
+    backend = PostgresBackend(conn)
+    if conn.autocommit or not is_idle(conn):
+        schema = backend.installed_schema()
+    else:
+        try:
+            schema = backend.installed_schema()
+        finally:
+            if not conn.closed:
+                with wrap_errors(name):
+                    conn.rollback()
+    if schema is None:
+        raise not_installed(name)
+    schemas[conn] = schema
+    return schema

@@ -20,7 +20,7 @@ from pylease.errors import ConfigurationError, InvalidArgument
 HEARTBEAT_APP = "pylease-heartbeat"
 LISTEN_APP = "pylease-listen"
 CHANNEL = "pylease"
-# With the statement bound (pylease._links_async.STATEMENT_BOUND), what keeps a
+# With the statement bound (pylease.postgres._abandon.STATEMENT_BOUND), what keeps a
 # release after a hung renewal within the 10 s a block may take to end.
 CONNECT_TIMEOUT = "3"
 TCP_LIVENESS = {

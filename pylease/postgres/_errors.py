@@ -10,6 +10,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from pylease.errors import (
+    ConfigurationError,
     DatabaseUnavailable,
     FenceExhausted,
     InvalidArgument,
@@ -38,9 +39,22 @@ def translate(exc: psycopg.Error, name: str | None = None) -> PyleaseError:
         return InvalidArgument(message, parameter=bad_parameter(exc), name=name)
     if isinstance(exc, pg_errors.ProgramLimitExceeded):
         return FenceExhausted(exc.diag.message_primary or one_line(exc), name=name)
-    if isinstance(exc, pg_errors.UndefinedFunction | pg_errors.UndefinedTable):
+    # InvalidSchemaName: the schema a lease's statements name was dropped meanwhile.
+    if isinstance(
+        exc, pg_errors.UndefinedFunction | pg_errors.UndefinedTable | pg_errors.InvalidSchemaName
+    ):
         return SchemaMissing(
             f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name
+        )
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction) and "standby" not in str(exc):
+        # A primary whose role or database makes transactions read-only: no busy answer
+        # and no "connect to the primary", but what to change.
+        return ConfigurationError(
+            f"pylease: {exc.diag.message_primary}: default_transaction_read_only is on for"
+            " the role pylease connects as, its database or the session; pylease's"
+            " statements write (turn it off for that role: ALTER ROLE ... SET"
+            " default_transaction_read_only = off)",
+            name=name,
         )
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
         # A standby (the SQL refuses there with this SQLSTATE too): during a failover this

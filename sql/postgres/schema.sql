@@ -166,6 +166,18 @@ BEGIN
 END
 $$;
 
+-- Raises 25006 for a grant in a read-only transaction on a server that is not a
+-- standby (default_transaction_read_only set for a role or database): an error
+-- that says so, never a busy answer nor "connect to the primary".
+CREATE FUNCTION pylease_refuse_read_only(operation text) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RAISE EXCEPTION 'pylease: % needs a read-write transaction, and this one is read-only', operation
+        USING ERRCODE = '25006',
+              HINT = 'default_transaction_read_only is on for this role, database or session: turn it off for the role pylease connects as (ALTER ROLE ... SET default_transaction_read_only = off).';
+END
+$$;
+
 -- Raises 22023 for a pylease.history setting that is not rare, all, none or empty.
 CREATE FUNCTION pylease_refuse_history(setting text) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -197,18 +209,22 @@ DECLARE
     s_busy   boolean;
     history  text;
 BEGIN
-    -- One cheap test in the common case (the standby's too); the checks that
-    -- raise run only when it fails.
+    -- One cheap test in the common case (a read-only transaction's too, as on a
+    -- standby); the checks that raise run only when it fails.
     IF lease_claim.name IS NULL OR lease_claim.name = '' OR length(lease_claim.name) > 200
        OR lease_claim.ttl IS NULL OR NOT isfinite(lease_claim.ttl)
        OR lease_claim.ttl <= interval '0' OR lease_claim.ttl > interval '366 days'
        OR lease_claim.holder IS NULL OR lease_claim.holder = '' OR length(lease_claim.holder) > 200
-       OR pg_is_in_recovery()
+       OR current_setting('transaction_read_only') = 'on'
     THEN
         PERFORM pylease_check_key('name', lease_claim.name);
         PERFORM pylease_check_ttl('ttl', lease_claim.ttl);
         PERFORM pylease_check_key('holder', lease_claim.holder);
-        PERFORM pylease_refuse_standby('lease_claim');
+        IF pg_is_in_recovery() THEN
+            PERFORM pylease_refuse_standby('lease_claim');
+        END IF;
+        -- Even a busy answer would be wrong here: nothing could ever be granted.
+        PERFORM pylease_refuse_read_only('lease_claim');
     END IF;
 
     LOOP
@@ -258,6 +274,13 @@ BEGIN
             -- Free (released, or expired: a takeover). The fence is floored by the
             -- timeline WAL is written on, so a promoted standby never reissues the
             -- old primary's fences. The setting is read by the same statement.
+            -- A statement_timeout (a role's, a database's) shorter than this wait
+            -- would cancel the claim, an error, before the wait counts as busy: the
+            -- wait takes at most half of the statement's time.
+            IF current_setting('statement_timeout') <> '0' THEN
+                PERFORM set_config('lock_timeout', least(2000, greatest(1, (500 * extract(epoch
+                    FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
+            END IF;
             BEGIN
                 UPDATE pylease_leases AS l
                    SET fence       = greatest(s_fence + 1,
@@ -292,6 +315,124 @@ BEGIN
                 VALUES (t_now, lease_claim.name,
                         CASE WHEN s_freed THEN 'claimed' ELSE 'taken_over' END,
                         lease_claim.holder, granted, s_holder);
+                RETURN granted;
+            END IF;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Claim a new tenure: as lease_claim, except that a tenure of the same holder
+-- is never continued. Unexpired, it is busy: another process uses this holder
+-- (the Python API and the command line claim so with a holder they were given,
+-- contract 5.6). Expired, it is taken over with a new fence, so that the earlier
+-- tenure's fenced writes (lease_holds with its fence) fail from then on.
+CREATE FUNCTION lease_claim_new(name text, ttl interval, holder text) RETURNS bigint
+-- A takeover waits at most lock_timeout for a holder's open fenced transaction
+-- (lease_holds locks the row FOR KEY SHARE), then counts as busy.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
+#variable_conflict use_column
+DECLARE
+    t_now    timestamptz := clock_timestamp();
+    granted  bigint;
+    s_holder text;
+    s_fence  bigint;
+    s_freed  boolean;
+    s_busy   boolean;
+    history  text;
+BEGIN
+    -- One cheap test in the common case (a read-only transaction's too, as on a
+    -- standby); the checks that raise run only when it fails.
+    IF lease_claim_new.name IS NULL OR lease_claim_new.name = '' OR length(lease_claim_new.name) > 200
+       OR lease_claim_new.ttl IS NULL OR NOT isfinite(lease_claim_new.ttl)
+       OR lease_claim_new.ttl <= interval '0' OR lease_claim_new.ttl > interval '366 days'
+       OR lease_claim_new.holder IS NULL OR lease_claim_new.holder = ''
+       OR length(lease_claim_new.holder) > 200
+       OR current_setting('transaction_read_only') = 'on'
+    THEN
+        PERFORM pylease_check_key('name', lease_claim_new.name);
+        PERFORM pylease_check_ttl('ttl', lease_claim_new.ttl);
+        PERFORM pylease_check_key('holder', lease_claim_new.holder);
+        IF pg_is_in_recovery() THEN
+            PERFORM pylease_refuse_standby('lease_claim_new');
+        END IF;
+        -- Even a busy answer would be wrong here: nothing could ever be granted.
+        PERFORM pylease_refuse_read_only('lease_claim_new');
+    END IF;
+
+    LOOP
+        -- Busy: unexpired (or resting after a min_hold release), whoever holds it.
+        SELECT l.holder, l.fence, l.released, l.expires_at > t_now
+          INTO s_holder, s_fence, s_freed, s_busy
+          FROM pylease_leases AS l
+         WHERE l.name = lease_claim_new.name;
+        IF s_busy THEN
+            RETURN NULL;
+        ELSIF s_fence IS NULL THEN
+            -- A first claim of the name; a conflict means another claimer created it first.
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, grants)
+            VALUES (lease_claim_new.name, lease_claim_new.holder,
+                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
+                    lease_claim_new.ttl, t_now, t_now, t_now + lease_claim_new.ttl, 1)
+            ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
+            RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+            IF history IS NULL OR history IN ('', 'rare', 'none') THEN
+                RETURN granted;
+            ELSIF history = 'all' THEN
+                INSERT INTO pylease_events (at, name, event, holder, fence)
+                VALUES (t_now, lease_claim_new.name, 'claimed', lease_claim_new.holder, granted);
+                RETURN granted;
+            END IF;
+            PERFORM pylease_refuse_history(history);
+        ELSIF s_fence = 9223372036854775807 THEN
+            RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
+                quote_literal(lease_claim_new.name), s_fence USING ERRCODE = '54000';
+        ELSE
+            -- Free (released, or expired: a takeover). The fence is floored by the
+            -- timeline WAL is written on, so a promoted standby never reissues the
+            -- old primary's fences. The setting is read by the same statement.
+            -- A statement_timeout (a role's, a database's) shorter than this wait
+            -- would cancel the claim, an error, before the wait counts as busy: the
+            -- wait takes at most half of the statement's time.
+            IF current_setting('statement_timeout') <> '0' THEN
+                PERFORM set_config('lock_timeout', least(2000, greatest(1, (500 * extract(epoch
+                    FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
+            END IF;
+            BEGIN
+                UPDATE pylease_leases AS l
+                   SET fence       = greatest(s_fence + 1,
+                        ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+                       acquired_at = t_now,
+                       holder      = lease_claim_new.holder,
+                       ttl         = lease_claim_new.ttl,
+                       renewed_at  = t_now,
+                       expires_at  = t_now + lease_claim_new.ttl,
+                       released    = false,
+                       grants      = l.grants + 1,
+                       takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
+                 WHERE l.name = lease_claim_new.name AND l.fence = s_fence AND l.released = s_freed
+                   AND l.expires_at <= t_now
+                RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+            EXCEPTION WHEN lock_not_available THEN
+                -- The previous holder's fenced transaction is still open: not ours yet.
+                RETURN NULL;
+            END;
+            IF granted IS NOT NULL THEN
+                -- The default records only takeovers: a claim after a release writes nothing more.
+                IF history IS NULL OR history IN ('', 'rare') THEN
+                    IF s_freed THEN
+                        RETURN granted;
+                    END IF;
+                ELSIF history = 'none' THEN
+                    RETURN granted;
+                ELSIF history <> 'all' THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+                INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+                VALUES (t_now, lease_claim_new.name,
+                        CASE WHEN s_freed THEN 'claimed' ELSE 'taken_over' END,
+                        lease_claim_new.holder, granted, s_holder);
                 RETURN granted;
             END IF;
         END IF;
@@ -780,6 +921,8 @@ $$;
 
 COMMENT ON FUNCTION lease_claim(text, interval, text) IS
     'pylease: claim a lease; returns the fence when granted, NULL when another holder''s unexpired lease stands.';
+COMMENT ON FUNCTION lease_claim_new(text, interval, text) IS
+    'pylease: claim a new tenure; the fence when granted, NULL while anyone''s unexpired lease stands, this holder''s own included.';
 COMMENT ON FUNCTION lease_renew(text, text, interval) IS
     'pylease: extend a lease this holder still holds to the later of its expiry and now + ttl (the last ttl when NULL); false once lost.';
 COMMENT ON FUNCTION lease_renew_many(text[], text[], interval) IS
@@ -921,6 +1064,7 @@ REVOKE EXECUTE ON FUNCTION pylease_check_ttl(text, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_span(text, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_batch(text[], text[], interval[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_refuse_standby(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_refuse_read_only(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_refuse_history(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_history_rows(text, timestamptz, integer) FROM PUBLIC;
 -- Stealing breaks somebody's lease: an operator grants it to the roles that may.

@@ -126,9 +126,12 @@ def test_claim_prints_holder_and_fence(url: str) -> None:
     assert busy.stdout == ""
     assert f"held by {holder}" in busy.stderr
 
-    # The holder that holds it may claim again: same fence, not busy.
-    again = ok("claim", "sweep", "--ttl", "1m", "--holder", holder, "--dsn", url)
-    assert again.stdout == f"{holder}\t1\n"
+    # A claim with the holder that holds it is busy too, and says why: another process
+    # may use the same holder (contract 5.6). `renew` tells whether it is still ours.
+    again = cli("claim", "sweep", "--ttl", "1m", "--holder", holder, "--dsn", url)
+    assert again.exit_code == 1
+    assert "this claim's own --holder" in again.stderr
+    ok("renew", "sweep", "--holder", holder, "--dsn", url)
 
 
 def test_claim_json(url: str) -> None:

@@ -335,6 +335,32 @@ def test_two_runs_at_once_one_runs_one_is_busy(
     assert sorted(finish(p)[0] for p in procs) == [0, 1]
 
 
+def test_two_runs_with_one_holder_one_runs_the_other_is_busy_saying_why(
+    url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # `pylease run --holder $(hostname)` in two places (issue 21, item 10): the second
+    # claim used to re-claim the first one's live tenure, and both commands ran.
+    holder = socket.gethostname()
+    first = start(
+        started, "run", "race", "--ttl", "5s", "--holder", holder, "--dsn", url,
+        "--", *child, "trap", str(out),
+    )  # fmt: skip
+    wait_for(out, "ready", first)
+    second = pylease(
+        "run", "race", "--ttl", "5s", "--holder", holder, "--dsn", url,
+        "--", *child, "env", str(out),
+    )  # fmt: skip
+    assert second.returncode == 1, second.stderr
+    assert f"is held by {holder}" in second.stderr
+    assert "this claim's own --holder, which another process uses" in second.stderr
+    claimed = pylease("claim", "race", "--ttl", "5s", "--holder", holder, "--dsn", url)
+    assert claimed.returncode == 1
+    assert "another process uses" in claimed.stderr
+    first.send_signal(signal.SIGTERM)
+    assert finish(first)[0] == 100 + signal.SIGTERM
+    assert "PYLEASE" not in out.read_text()  # the second command never ran
+
+
 def test_a_spinner_names_the_holder_while_waiting_on_a_terminal(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
     # Held until the spinner was seen, however long pylease takes to start: a holder

@@ -195,6 +195,42 @@ SCENARIOS: list[tuple[str, list[Step]]] = [
             ("claim", ("b", LONG, "h1"), None),
         ],
     ),
+    # claim_new: a claim that only starts a new tenure (contract 5.6) -------------
+    ("claim_new of a new name grants fence 1", [("claim_new", ("a", LONG, "h1"), 1)]),
+    (
+        "claim_new of the holder's own live tenure is busy and changes nothing",
+        [
+            ("claim", ("a", LONG, "h1"), 1),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("claim_new", ("a", DAY, "h1"), None),
+            ("field", ("a", "expires_at"), Same("e")),
+            ("counters", ("a",), [("a", 1, 0, 0, 0)]),
+            ("claim_new", ("a", LONG, "h2"), None),
+        ],
+    ),
+    (
+        "claim_new of the holder's own expired tenure takes it over with a new fence",
+        [
+            ("claim", ("a", SHORT, "h1"), 1),
+            sleep_past_short(),
+            ("claim_new", ("a", LONG, "h1"), 2),
+            ("holds", ("a", "h1", 1), False),
+            ("holds", ("a", "h1", 2), True),
+            ("counters", ("a",), [("a", 2, 1, 0, 0)]),
+            ("history", ("a",), [("taken_over", "h1", 2, "h1")]),
+        ],
+    ),
+    (
+        "claim_new after a release or a min_hold grants the next fence, busy while resting",
+        [
+            ("claim_new", ("a", LONG, "h1"), 1),
+            ("release", ("a", "h1", DAY), True),
+            ("claim_new", ("a", LONG, "h1"), None),
+            ("claim_new", ("b", LONG, "h1"), 1),
+            ("release", ("b", "h1"), True),
+            ("claim_new", ("b", LONG, "h1"), 2),
+        ],
+    ),
     # renew ---------------------------------------------------------------------
     (
         "renew by the holder extends the expiry and keeps fence and acquired_at",

@@ -93,6 +93,7 @@ def age(conn: Conn, name: str, by: timedelta) -> None:
 
 SIGNATURES = {
     "lease_claim": ("name text, ttl interval, holder text", "bigint"),
+    "lease_claim_new": ("name text, ttl interval, holder text", "bigint"),
     "lease_renew": ("name text, holder text, ttl interval DEFAULT NULL::interval", "boolean"),
     "lease_renew_many": (
         "names text[], holders text[], ttl interval DEFAULT NULL::interval",

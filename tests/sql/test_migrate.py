@@ -30,6 +30,7 @@ IDS = [
     "pylease-0004-faster",
     "pylease-0005-waiters",
     "pylease-0006-tenures",
+    "pylease-0007-edges",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

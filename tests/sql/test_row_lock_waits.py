@@ -88,3 +88,39 @@ def test_an_unconditional_steal_survives_a_renewal_committed_while_it_waits(
     assert out[0] is not None and out[0][0] is not None
     holder = conn.execute("SELECT holder FROM lease_status('st')").fetchone()
     assert holder == ("thief",)
+
+
+def test_a_takeover_blocked_by_a_fenced_transaction_is_busy_within_a_statement_timeout(
+    conn: Conn, conn2: Conn, connect: Callable[..., Conn]
+) -> None:
+    # A session's (or role's) statement_timeout below the claim's 2 s lock_timeout used to
+    # cancel the claim: an error where the wait is busy (issue 21, item 12).
+    fence = conn.execute("SELECT lease_claim('fen', '300 ms', 'old')").fetchone()
+    assert fence is not None and fence[0] is not None
+    fenced = connect(autocommit=False)
+    assert fenced.execute("SELECT lease_holds('fen', 'old', %s)", (fence[0],)).fetchone() == (True,)
+    time.sleep(0.5)
+    conn2.execute("SET statement_timeout = '400ms'")
+    for claim in ("lease_claim", "lease_claim_new"):
+        answer = conn2.execute(f"SELECT {claim}('fen', '1 minute', 'new')").fetchone()
+        assert answer == (None,), claim
+    assert conn2.execute("SHOW lock_timeout").fetchone() == ("0",)  # nothing left set
+    fenced.commit()
+    granted = conn2.execute("SELECT lease_claim('fen', '1 minute', 'new')").fetchone()
+    assert granted == (fence[0] + 1,)
+
+
+def test_a_claim_in_a_read_only_transaction_says_so_whether_free_or_held(conn: Conn) -> None:
+    conn.execute("SELECT lease_claim('held', '1 minute', 'someone')")
+    conn.execute("SET default_transaction_read_only = on")
+    for claim in ("lease_claim", "lease_claim_new"):
+        for name in ("free", "held"):
+            try:
+                conn.execute(f"SELECT {claim}(%s, '1 minute', 'me')", (name,))
+            except psycopg.errors.ReadOnlySqlTransaction as exc:
+                assert exc.diag.message_primary == (
+                    f"pylease: {claim} needs a read-write transaction, and this one is read-only"
+                )
+                assert "default_transaction_read_only" in (exc.diag.message_hint or "")
+            else:
+                raise AssertionError(f"{claim} of {name!r} answered in a read-only transaction")

@@ -29,9 +29,11 @@ MIGRATIONS = [
     "pylease-0004-faster",
     "pylease-0005-waiters",
     "pylease-0006-tenures",
+    "pylease-0007-edges",
 ]
 FUNCTIONS = (
     "lease_claim",
+    "lease_claim_new",
     "lease_renew",
     "lease_renew_many",
     "lease_renew_each",
@@ -51,6 +53,7 @@ HELPERS = (
     "pylease_check_span",
     "pylease_check_batch",
     "pylease_refuse_standby",
+    "pylease_refuse_read_only",
     "pylease_refuse_history",
     "pylease_history_rows",
 )
@@ -188,7 +191,7 @@ def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn
     assert {r[0] for r in rows} == {*FUNCTIONS, *HELPERS}
     for proname, secdef, config in rows:
         # A takeover waits a bounded time for a fenced transaction, then is busy.
-        bound = ["lock_timeout=2s"] if proname == "lease_claim" else []
+        bound = ["lock_timeout=2s"] if proname in ("lease_claim", "lease_claim_new") else []
         assert config == ["search_path=public, pg_temp", *bound], proname
         assert secdef is (proname in FUNCTIONS), proname
 
