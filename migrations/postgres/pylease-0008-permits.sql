@@ -210,8 +210,8 @@ BEGIN
      WHERE p.name = permit_claim.name AND p.holder = permit_claim.holder AND NOT p.released;
     IF mine > 0 THEN
         IF mine <> permit_claim.permits OR NOT whole THEN
-            RAISE EXCEPTION 'pylease: permits: this holder holds % other permits of this semaphore; release them first',
-                mine USING ERRCODE = '22023', COLUMN = 'permits';
+            RAISE EXCEPTION 'pylease: permits must be as many as this holder already holds of this semaphore (release them first)'
+                USING ERRCODE = '22023', COLUMN = 'permits';
         END IF;
         -- Locked in slot order, as by every statement that locks several slots; a slot
         -- taken meanwhile drops out, and then nothing is extended.

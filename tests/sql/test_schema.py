@@ -340,9 +340,10 @@ def test_a_role_with_only_execute_can_use_permits_and_several_names(
     assert conn.execute("SELECT permit_renew('exports', 'me')").fetchone() == (True,)
     assert conn.execute("SELECT count(*) FROM permit_status('exports')").fetchone() == (1,)
     assert conn.execute("SELECT permit_release('exports', 'me')").fetchone() == (True,)
-    assert conn.execute(
-        "SELECT * FROM lease_claim_all('{a,b}', %s, 'me')", (HOUR,)
-    ).fetchall() == [("a", 1), ("b", 1)]
+    assert conn.execute("SELECT * FROM lease_claim_all('{a,b}', %s, 'me')", (HOUR,)).fetchall() == [
+        ("a", 1),
+        ("b", 1),
+    ]
     assert conn.execute("SELECT * FROM lease_release_all('{b,a}', 'me')").fetchall() == [
         ("b", True),
         ("a", True),
