@@ -22,7 +22,9 @@ from pylease._operations import (
     CLAIM,
     CLAIM_ALL,
     CLAIM_QUEUED,
+    CLAIM_QUEUED_LOOKING,
     CLAIM_WAITING,
+    CLAIM_WAITING_LOOKING,
     COUNTERS,
     HISTORY,
     HOLDS,
@@ -279,11 +281,13 @@ class Backend:
         :param queued_as: the process's token in the queue of waiting processes, which a
             grant leaves in the claim's own transaction; None when not queued there.
         """
-        tail = (name, ttl, holder, name, status)
-        if queued_as is None:
-            rows = self._call(CLAIM_WAITING, tail, name)
+        claim: tuple[object, ...] = (name, ttl, holder, name) if status else (name, ttl, holder)
+        if queued_as is not None:
+            op = CLAIM_QUEUED_LOOKING if status else CLAIM_QUEUED
+            claim = (name, queued_as, *claim)
         else:
-            rows = self._call(CLAIM_QUEUED, (name, queued_as, *tail), name)
+            op = CLAIM_WAITING_LOOKING if status else CLAIM_WAITING
+        rows = self._call(op, claim, name)
         fence: int | None = rows[0][0]
         if fence is not None or not status:
             return fence, None

@@ -316,9 +316,11 @@ OPERATIONS = (
 WAIT = Operation("wait", WRITE, "SELECT lease_wait(%s, %s, %s)", (), VALUE)
 UNWAIT = Operation("unwait", WRITE, "SELECT lease_unwait(%s, %s, %s)", (), VALUE)
 
-# A waiter's claim is one statement: the claim, and only when it is busy, the status
-# row that stood in the way. OFFSET 0 keeps each subquery whole: lease_claim runs once,
-# and lease_status behind a one-time filter, only when busy.
+# A waiter's claim is one statement: the claim, and only when it is busy and the wait
+# asks for it, the status row that stood in the way. OFFSET 0 keeps each subquery whole:
+# lease_claim runs once, and lease_status behind a one-time filter, only when busy. A
+# claim that does not look is sent without the status's join: planning and running it
+# costs a handover about a tenth of a millisecond (issue 22, bench target 5).
 _STATUS_COLUMNS: LiteralString = (
     "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
 )
@@ -328,26 +330,46 @@ _CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET
 # commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
 # wait for its lock. Busy, it granted nothing: its commit need not be durable.
 _BUSY_NO_FLUSH: LiteralString = (
-    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END, "
+    "CASE WHEN c.fence IS NULL THEN set_config('synchronous_commit', 'off', true) END"
 )
 _STATUS: LiteralString = (
-    " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL AND %s OFFSET 0)"
+    " LEFT JOIN LATERAL (SELECT * FROM lease_status(%s) WHERE c.fence IS NULL OFFSET 0)"
     " AS s ON true"
 )
+# For a process queued in pylease_waiters: on a grant it leaves the queue there and
+# then, waking the next process.
+_UNWAIT: LiteralString = "CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END"
+
+#: A waiter's claim: ``(fence, ...)``.
 CLAIM_WAITING = Operation(
-    "claim_waiting",
+    "claim_waiting", GRANT, "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _CLAIMED, (), tuple
+)
+#: The same, reading the status row that stood in the way when busy:
+#: ``(fence, NULL, NULL, *status row)``.
+CLAIM_WAITING_LOOKING = Operation(
+    "claim_waiting_looking",
     GRANT,
-    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + _STATUS_COLUMNS + _CLAIMED + _STATUS,
+    "SELECT c.fence, NULL, " + _BUSY_NO_FLUSH + ", " + _STATUS_COLUMNS + _CLAIMED + _STATUS,
     (),
     tuple,
 )
-#: The same for a process queued in pylease_waiters: on a grant it leaves the queue
-#: there and then, waking the next process.
+#: A waiter's claim for a process queued in pylease_waiters.
 CLAIM_QUEUED = Operation(
     "claim_queued",
     GRANT,
-    "SELECT c.fence, CASE WHEN c.fence IS NOT NULL THEN lease_unwait(%s, %s, true) END, "
+    "SELECT c.fence, " + _UNWAIT + ", " + _BUSY_NO_FLUSH + _CLAIMED,
+    (),
+    tuple,
+)
+#: The same, reading the status row when busy.
+CLAIM_QUEUED_LOOKING = Operation(
+    "claim_queued_looking",
+    GRANT,
+    "SELECT c.fence, "
+    + _UNWAIT
+    + ", "
     + _BUSY_NO_FLUSH
+    + ", "
     + _STATUS_COLUMNS
     + _CLAIMED
     + _STATUS,
@@ -356,4 +378,11 @@ CLAIM_QUEUED = Operation(
 )
 
 #: The operations of waiters, which only the PostgreSQL backend runs.
-WAITING = (WAIT, UNWAIT, CLAIM_WAITING, CLAIM_QUEUED)
+WAITING = (
+    WAIT,
+    UNWAIT,
+    CLAIM_WAITING,
+    CLAIM_WAITING_LOOKING,
+    CLAIM_QUEUED,
+    CLAIM_QUEUED_LOOKING,
+)

@@ -119,7 +119,7 @@ def test_a_waiters_busy_claim_commits_without_a_wal_flush_even_after_meeting_the
     claim(conn, "job", ttl="60s")
     row = conn.execute("SELECT lease_release('job', 'other')").fetchone()
     assert row is not None and row[0] is True
-    params = ("job", timedelta(seconds=60), "waiter", "job", False)
+    params = ("job", timedelta(seconds=60), "waiter")
     conn2.autocommit = False
     conn2.execute("SELECT lease_claim('job', '60s', 'winner')")  # granted, not committed
     seen: list[Any] = []
