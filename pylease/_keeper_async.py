@@ -6,9 +6,11 @@ is a daemon thread.
 
 Leases are grouped by the source their renewals run on (one per database) and by
 the operation that renews them; each tick renews a whole group with ONE statement
-(``lease_renew_each`` for leases), however many it holds, so another kind of
-renewable thing (a semaphore slot, a leader term) is a group of its own, not a
-second keeper. A group ticks every third of its shortest ttl. A failed tick
+(``lease_renew_each`` for leases; ``pylease_renew_held`` once permits are among them,
+and a claim of several names is one ticket of several elements), however many it
+holds, so every kind is renewed by the one statement of its database's group, and a
+renewable thing with an operation of its own is a group of its own, not a second
+keeper. A group ticks every third of its shortest ttl. A failed tick
 (connection dropped, server restarting) is retried with backoff until a lease's
 expiry minus a safety margin; a lease that no renewal could keep by then, or that a
 renewal answers false for, is lost: its ticket records why, the task running its body
@@ -38,7 +40,7 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
-from pylease._backend_async import AsyncBackend, release_tenure
+from pylease._backend_async import AsyncBackend, release_kept
 from pylease._links_async import AsyncSource
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
@@ -78,21 +80,41 @@ STEP_TOLERANCE = 0.5
 
 
 async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
-    """The renewal of leases: ``lease_renew_each``, each with its own ttl.
+    """The renewal of everything a process holds, whatever its kind, in one statement:
+    ``lease_renew_each`` while the batch holds leases only, else ``pylease_renew_held``
+    (permits: a holder's slots together); each with its own ttl. A ticket of several
+    names is one element per name, renewed only when all of them are.
 
-    Each row: (name, renewed, seconds granted by the server from its own clock, that
-    clock), the last two None when not renewed.
+    Each row, one per ticket: (name, renewed, seconds granted by the server from its
+    own clock, that clock), the last two None when not renewed.
     """
-    rows = await b.renew_each(
-        [t.name for t in batch], [t.holder for t in batch], [t.renew_ttl for t in batch]
-    )
-    out: list[tuple[Any, ...]] = []
-    for r in rows:
+    kinds: list[str] = []
+    names: list[str] = []
+    holders: list[str] = []
+    ttls: list[Any] = []
+    owner: list[int] = []
+    for i, t in enumerate(batch):
+        for name in t.names or (t.name,):
+            kinds.append(t.kind)
+            names.append(name)
+            holders.append(t.holder)
+            ttls.append(t.renew_ttl)
+            owner.append(i)
+    if all(kind == "lease" for kind in kinds):
+        rows = await b.renew_each(names, holders, ttls)
+    else:
+        rows = await b.renew_held(kinds, names, holders, ttls)
+    out: list[tuple[Any, ...]] = [(t.name, True, None, None) for t in batch]
+    for i, r in zip(owner, rows, strict=True):
+        _, renewed, granted, clock = out[i]
+        if not renewed:
+            continue
         if r.renewed and r.expires_at is not None and r.server_time is not None:
-            granted = (r.expires_at - r.server_time).total_seconds()
-            out.append((r.name, True, granted, r.server_time))
+            seconds = (r.expires_at - r.server_time).total_seconds()
+            granted = seconds if granted is None else min(granted, seconds)
+            out[i] = (out[i][0], True, granted, clock or r.server_time)
         else:
-            out.append((r.name, r.renewed, None, None))
+            out[i] = (out[i][0], False, None, None)
     return out
 
 
@@ -401,11 +423,13 @@ class AsyncKeeper:
             return await group.source.run(op, name=name)
 
         try:
-            await release_tenure(run, name, holder, None, ticket.fence)
+            kind = "names" if ticket.names else ticket.kind
+            await release_kept(run, kind, ticket.names or (name,), holder, ticket.fence)
         except Exception as exc:
             logger.warning("could not release abandoned lease %r: %s", name, exc)
         finally:
-            _claims.leave(name, holder)
+            for each in ticket.names or (name,):
+                _claims.leave(each, holder)
             if ticket.link is not None:
                 await ticket.link.close()
 

@@ -64,6 +64,10 @@ class Ticket:
     # Set once its lease block is left: from then on the lease may be another's, so
     # its Held reads as lost (the ticket's own error() still tells the block's story).
     ended = False
+    # What the keeper renews: a lease ("lease"), or a holder's slots of a semaphore
+    # ("permit"); a claim of several names renews each of ``names`` (lost when any is).
+    kind = "lease"
+    names: tuple[str, ...] = ()
 
     def __init__(
         self,
