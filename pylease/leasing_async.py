@@ -90,8 +90,30 @@ async def loss_cause(link_: AsyncLink, ticket: AsyncTicket) -> str | None:
         return None  # the loss is the story; its detail is a courtesy
 
 
+def enter_claims(names: tuple[str, ...], holder: str) -> None:
+    """Record the claims of ``names`` by ``holder`` in this process, all or none."""
+    entered: list[str] = []
+    try:
+        for name in names:
+            _claims.enter(name, holder)
+            entered.append(name)
+    except BaseException:
+        leave_claims(tuple(entered), holder)
+        raise
+
+
+def leave_claims(names: tuple[str, ...], holder: str) -> None:
+    for name in names:
+        _claims.leave(name, holder)
+
+
 class AsyncLease:
-    """The context manager :func:`alease` returns; single use."""
+    """The context manager :func:`alease` returns; single use.
+
+    Permits and several names (:mod:`pylease.permits_async`) are blocks of this kind
+    too: they change what is claimed, held and released (the methods ``_names``,
+    ``_claim``, ``_made``, ``_release`` and ``_loss_cause``), and the rest is this.
+    """
 
     def __init__(
         self,
@@ -120,37 +142,30 @@ class AsyncLease:
             raise RuntimeError("pylease: an alease() context manager can be entered once")
         opts = self._opts
         holder = opts.holder or default_holder()
+        names = self._names()
         # Before any I/O: one holder names one claim (a second live lease of this name
         # with this holder would share the fence and be released under the first).
-        _claims.enter(opts.name, holder)
+        enter_claims(names, holder)
         try:
             self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         except BaseException:
-            _claims.leave(opts.name, holder)
+            leave_claims(names, holder)
             raise
         try:
-            fence, sent_at = await acquire(
-                link_,
-                opts,
-                holder,
-                want_holder=self.want_holder,
-                on_busy=self.on_busy,
-                stop=self.stop,
-            )
+            grant, sent_at = await self._claim(link_, holder)
         except BaseException:
             self._link = None
-            _claims.leave(opts.name, holder)
+            leave_claims(names, holder)
             await link_.close()
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
-        ticket.fence = fence
+        held = self._made(ticket, grant)
         if True:  # ASYNC
             if opts.cancel_on_lost:
                 ticket.task = asyncio.current_task()
                 if ticket.task is not None:
                     self._cancelling = ticket.task.cancelling()
         self._ticket = ticket
-        held = Held(opts.name, holder, fence, ticket)
         if opts.heartbeat:
             # Once neither this context manager nor the Held is reachable (the Held is
             # reachable from here), nobody can leave the block: the keeper stops
@@ -191,12 +206,12 @@ class AsyncLease:
             if True:  # ASYNC
                 if ticket.cancelled_body:
                     exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
-            released, trouble = await release(link_, ticket, self._opts.min_hold)
+            released, trouble = await self._release(link_, ticket)
             cause = None
             if trouble is None and (released is False or ticket.error() is not None):
-                cause = await loss_cause(link_, ticket)
+                cause = await self._loss_cause(link_, ticket)
         finally:
-            _claims.leave(ticket.name, ticket.holder)
+            leave_claims(ticket.names or (ticket.name,), ticket.holder)
             await link_.close()
         if True:  # ASYNC
             if outside_cancel and exc is None:
@@ -213,6 +228,34 @@ class AsyncLease:
                     )
                 raise error from exc
         finish(ticket, exc, released, trouble, cause)
+
+    def _names(self) -> tuple[str, ...]:
+        """The names this block claims, for the claims of this process."""
+        return (self._opts.name,)
+
+    async def _claim(self, link_: AsyncLink, holder: str) -> tuple[Any, float]:
+        """Claim, waiting as allowed: (grant, monotonic time its claim was sent)."""
+        return await acquire(
+            link_,
+            self._opts,
+            holder,
+            want_holder=self.want_holder,
+            on_busy=self.on_busy,
+            stop=self.stop,
+        )
+
+    def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
+        """The Held of a grant, and what its ticket keeps."""
+        ticket.fence = grant
+        return Held(self._opts.name, ticket.holder, grant, ticket)
+
+    async def _release(
+        self, link_: AsyncLink, ticket: AsyncTicket
+    ) -> tuple[bool | None, Exception | None]:
+        return await release(link_, ticket, self._opts.min_hold)
+
+    async def _loss_cause(self, link_: AsyncLink, ticket: AsyncTicket) -> str | None:
+        return await loss_cause(link_, ticket)
 
     if True:  # ASYNC
 

@@ -54,8 +54,10 @@ PAIRS = [
     ("pylease/leasing_async.py", "pylease/leasing.py"),
     ("pylease/_standby_async.py", "pylease/_standby.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
+    ("pylease/permits_async.py", "pylease/permits.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
+    ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
 ]
 
 NAMES = {
@@ -70,6 +72,12 @@ NAMES = {
     "alease": "lease",
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
+    # permits and several names
+    "permits_async": "permits",
+    "apermit": "permit",
+    "aleases": "leases",
+    "AsyncPermit": "Permit",
+    "AsyncNames": "Names",
     "AsyncLostCallback": "LostCallback",
     "AsyncTarget": "Target",
     # leader election
