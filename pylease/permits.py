@@ -87,13 +87,13 @@ class Permit(Lease):
 
         def look(b: Backend) -> str | None:
             rows = {r.slot: r for r in b.permit_status(name)}
-            for slot, fence in slots.items():
-                row = rows.get(slot)
-                if row is None:
-                    continue
-                if row.holder != ticket.holder or row.fence != fence:
+            mine = [(slot, rows[slot]) for slot in slots if slot in rows]
+            for slot, row in mine:
+                if row.holder != ticket.holder or row.fence != slots[slot]:
                     return f"slot {slot} granted to {row.holder!r} with fence {row.fence}"
-                if not row.held:
+            # The release freed the slots still ours: only an expired one tells more.
+            for slot, row in mine:
+                if row.state == "expired":
                     return f"slot {slot}: its ttl ran out before a renewal reached the database"
             return None
 
@@ -141,15 +141,19 @@ class Names(Lease):
         fences = self._fences
 
         def look(b: Backend) -> str | None:
+            mine = []
             for name, fence in fences.items():
                 rows = b.status(name)
-                row = rows[0] if rows else None
-                if row is None:
+                if not rows:
                     continue
+                row = rows[0]
                 if row.holder != ticket.holder or row.fence != fence:
                     return f"{name!r} claimed by {row.holder!r} with fence {row.fence}"
-                if not row.held:
-                    return f"{name!r}: its ttl ran out before a renewal reached the database"
+                mine.append(row)
+            # The release freed the names still ours: only an expired one tells more.
+            for row in mine:
+                if row.state == "expired":
+                    return f"{row.name!r}: its ttl ran out before a renewal reached the database"
             return None
 
         try:

@@ -88,13 +88,13 @@ class AsyncPermit(AsyncLease):
 
         async def look(b: AsyncBackend) -> str | None:
             rows = {r.slot: r for r in await b.permit_status(name)}
-            for slot, fence in slots.items():
-                row = rows.get(slot)
-                if row is None:
-                    continue
-                if row.holder != ticket.holder or row.fence != fence:
+            mine = [(slot, rows[slot]) for slot in slots if slot in rows]
+            for slot, row in mine:
+                if row.holder != ticket.holder or row.fence != slots[slot]:
                     return f"slot {slot} granted to {row.holder!r} with fence {row.fence}"
-                if not row.held:
+            # The release freed the slots still ours: only an expired one tells more.
+            for slot, row in mine:
+                if row.state == "expired":
                     return f"slot {slot}: its ttl ran out before a renewal reached the database"
             return None
 
@@ -144,15 +144,19 @@ class AsyncNames(AsyncLease):
         fences = self._fences
 
         async def look(b: AsyncBackend) -> str | None:
+            mine = []
             for name, fence in fences.items():
                 rows = await b.status(name)
-                row = rows[0] if rows else None
-                if row is None:
+                if not rows:
                     continue
+                row = rows[0]
                 if row.holder != ticket.holder or row.fence != fence:
                     return f"{name!r} claimed by {row.holder!r} with fence {row.fence}"
-                if not row.held:
-                    return f"{name!r}: its ttl ran out before a renewal reached the database"
+                mine.append(row)
+            # The release freed the names still ours: only an expired one tells more.
+            for row in mine:
+                if row.state == "expired":
+                    return f"{row.name!r}: its ttl ran out before a renewal reached the database"
             return None
 
         try:

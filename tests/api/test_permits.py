@@ -227,6 +227,16 @@ def test_several_names_are_granted_all_or_none(db: Db) -> None:
     assert not any(r.held for n in "abc" for r in other.status(n))
 
 
+def test_one_name_stolen_loses_the_claim_of_several(db: Db) -> None:
+    other = db.backend()
+    with pytest.raises(LeaseLost) as lost, leases(db.url, ["a", "b"], ttl=0.9) as held:
+        assert other.steal("b", HOUR, "thief") is not None
+        assert wait_until(lambda: held.lost, DETECT)
+    assert "'b' claimed by 'thief'" in str(lost.value)
+    # The name still ours was given back; the stolen one stays the thief's.
+    assert db.holder_of("a") is None and db.holder_of("b") == "thief"
+
+
 @pytest.mark.usefixtures("only_notifications")
 def test_a_waiter_for_several_names_holds_none_while_it_waits(db: Db) -> None:
     """It waits on the first name in the way and then on the next one: woken by each
