@@ -43,6 +43,7 @@ from pylease._operations import (
     RENEW_HELD,
     RENEW_MANY,
     STATUS,
+    STATUS_PAGE,
     STEAL,
     UNWAIT,
     WAIT,
@@ -50,6 +51,7 @@ from pylease._operations import (
     LeaseEvent,
     LeaseRow,
     Operation,
+    PageRow,
     PermitRow,
     Renewal,
 )
@@ -175,6 +177,17 @@ class AsyncBackend:
     async def counters(self, name: str | None = None) -> list[CounterRow]:
         """``lease_counters``: per name (all when None), grants, takeovers, steals, releases."""
         result: list[CounterRow] = await self._call(COUNTERS, (_key(name),), name)
+        return result
+
+    async def status_page(self, prefix: str = "", max_rows: int | None = None) -> list[PageRow]:
+        """The names that start with ``prefix``, in name order, at most ``max_rows`` of
+        them (None: all): each one's ``lease_status`` and ``lease_counters`` rows, and how
+        many names start with ``prefix`` (``matching``, the same on every row).
+
+        :raises InvalidArgument: a prefix that is not a str, or max_rows not an int >= 1.
+        """
+        start, size = _checks.prefix(prefix), _checks.page_size(max_rows)
+        result: list[PageRow] = await self._call(STATUS_PAGE, (start, start, size), None)
         return result
 
     async def history(
@@ -355,12 +368,13 @@ async def release_kept(
     names: Sequence[str],
     holder: str,
     fence: int | None,
+    min_hold: timedelta | None = None,
 ) -> bool:
     """Release what a kept ticket holds through ``run``: a lease's tenure (``kind``
-    ``"lease"``), a holder's slots of a semaphore (``"permit"``), or several names
-    (``"names"``: True when every one of them was still ours)."""
+    ``"lease"``, with ``min_hold``), a holder's slots of a semaphore (``"permit"``), or
+    several names (``"names"``: True when every one of them was still ours)."""
     if kind == "lease":
-        return await release_tenure(run, names[0], holder, None, fence)
+        return await release_tenure(run, names[0], holder, min_hold, fence)
     if kind == "permit":
         name = names[0]
 

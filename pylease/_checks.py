@@ -220,6 +220,30 @@ def max_rows(value: object) -> int:
     return value
 
 
+def prefix(value: object) -> str:
+    """A prefix of names: a str that a name could start with ("" for every name)."""
+    if value == "":
+        return ""
+    if not isinstance(value, str):
+        raise InvalidArgument(
+            f"pylease: prefix must be a str, not {type(value).__name__}", parameter="prefix"
+        )
+    return key("prefix", value)
+
+
+def page_size(value: object) -> int | None:
+    """How many names a page holds at most: an int >= 1, or None for all of them."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(
+            f"pylease: max_rows must be an int, not {type(value).__name__}", parameter="max_rows"
+        )
+    if value < 1:
+        raise InvalidArgument("pylease: max_rows must be at least 1", parameter="max_rows")
+    return value
+
+
 def since(value: object) -> datetime | timedelta | None:
     """``history``'s ``since``: None, an aware datetime, or a span back from now."""
     if value is None:

@@ -43,12 +43,13 @@ class Held:
         self.holder = holder
         self.fence = fence
         self._ticket = ticket
+        self._generation = ticket.generation
 
     @property
     def lost(self) -> bool:
         """True once the lease is known to be no longer ours, or its ttl ran out, or
         its block was left (the lease was given back)."""
-        return self._ticket.ended or self._ticket.error() is not None
+        return self._ended() or self._ticket.error() is not None
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is no longer ours.
@@ -57,10 +58,13 @@ class Held:
         whose ttl ran out without a renewal, and a block that was left.
         """
         error = self._ticket.error()
-        if error is None and self._ticket.ended:
+        if error is None and self._ended():
             error = LeaseLost(self.name, "its block has ended: the lease was given back")
         if error is not None:
             raise error
+
+    def _ended(self) -> bool:
+        return self._ticket.ended or self._ticket.generation != self._generation
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "held"

@@ -7,18 +7,19 @@ is a daemon thread.
 
 Leases are grouped by the source their renewals run on (one per database) and by
 the operation that renews them; each tick renews a whole group with ONE statement
-(``lease_renew_each`` for leases; ``pylease_renew_held`` once permits are among them,
-and a claim of several names is one ticket of several elements), however many it
-holds, so every kind is renewed by the one statement of its database's group, and a
-renewable thing with an operation of its own is a group of its own, not a second
-keeper. A group ticks every third of its shortest ttl. A failed tick
-(connection dropped, server restarting) is retried with backoff until a lease's
-expiry minus a safety margin; a lease that no renewal could keep by then, or that a
+(:func:`pylease._tenure.renew_leases`: every lease, permit and claim of
+several names of the process on that database), however many it holds; a renewable
+thing with an operation of its own is a group of its own, not a second keeper. A
+group ticks every third of its shortest ttl. A failed tick (connection dropped,
+server restarting) is retried with backoff until a lease's expiry minus a safety
+margin; a lease that no renewal could keep by then, or that a
 renewal answers false for, is lost: its ticket records why, the task running its body
 is cancelled (async, ``cancel_on_lost``), and only then its ``on_lost`` callback runs,
 in a task (a thread) of its own, so a slow or stuck callback never delays a renewal.
 A lease whose ``Held`` was collected while its block was never left is abandoned: no
-longer renewed, and released on pylease's own connection.
+longer renewed, and released on pylease's own connection at once. A lease whose block
+ended inside the caller's open transaction is still renewed, and released once that
+transaction has ended (:mod:`pylease._caller_tx`).
 
 Where the two keepers differ, on purpose (the ``if True:  # ASYNC`` blocks): on
 an event loop a renewal that hangs is abandoned at the earliest deadline of its batch
@@ -33,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from datetime import datetime
@@ -40,10 +42,12 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import Condition, Worker, condition_wait, monotonic, sleep, spawn
-from pylease._backend import Backend, release_kept
+from pylease._backend import Backend
+from pylease._caller_tx import GIVE_BACK_WAIT, TX_POLL, WAKE_WAIT, Deferred, take_ended
 from pylease._links import Source
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
+from pylease._tenure import give_back, renew_leases
 from pylease._ticket import LostCallback as LostCallback
 from pylease._ticket import Ticket, notify_lost
 from pylease._ticket import margin as margin
@@ -68,45 +72,6 @@ NOT_OURS = "a renewal found it no longer ours (released, expired and taken, or s
 # How much further the database's clock may advance between two renewals than ours
 # did before the keeper takes it for a step (NTP slews far less than this).
 STEP_TOLERANCE = 0.5
-
-
-def renew_leases(b: Backend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
-    """The renewal of everything a process holds, whatever its kind, in one statement:
-    ``lease_renew_each`` while the batch holds leases only, else ``pylease_renew_held``
-    (permits: a holder's slots together); each with its own ttl. A ticket of several
-    names is one element per name, renewed only when all of them are.
-
-    Each row, one per ticket: (name, renewed, seconds granted by the server from its
-    own clock, that clock), the last two None when not renewed.
-    """
-    kinds: list[str] = []
-    names: list[str] = []
-    holders: list[str] = []
-    ttls: list[Any] = []
-    owner: list[int] = []
-    for i, t in enumerate(batch):
-        for name in t.names or (t.name,):
-            kinds.append(t.kind)
-            names.append(name)
-            holders.append(t.holder)
-            ttls.append(t.renew_ttl)
-            owner.append(i)
-    if all(kind == "lease" for kind in kinds):
-        rows = b.renew_each(names, holders, ttls)
-    else:
-        rows = b.renew_held(kinds, names, holders, ttls)
-    out: list[tuple[Any, ...]] = [(t.name, True, None, None) for t in batch]
-    for i, r in zip(owner, rows, strict=True):
-        _, renewed, granted, clock = out[i]
-        if not renewed:
-            continue
-        if r.renewed and r.expires_at is not None and r.server_time is not None:
-            seconds = (r.expires_at - r.server_time).total_seconds()
-            granted = seconds if granted is None else min(granted, seconds)
-            out[i] = (out[i][0], True, granted, clock or r.server_time)
-        else:
-            out[i] = (out[i][0], False, None, None)
-    return out
 
 
 def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
@@ -196,6 +161,10 @@ class Keeper:
         self._cond = Condition()
         self._groups: dict[Hashable, _Group] = {}
         self._inflight: set[Ticket] = set()
+        # Leases released later: appended from any thread (a finalizer), taken by _step.
+        self._deferred: list[Deferred] = []
+        # Those whose release is under way (see adopt).
+        self._releasing: set[Deferred] = set()
         self._thread: Worker | None = None
         self._idle_since: float | None = None
         # When the keeper's current sleep ends (0: it is not sleeping).
@@ -212,6 +181,8 @@ class Keeper:
             # that the registry has closed since.
             group.source = source
             group.tickets.append(ticket)
+            ticket.keeper = self
+            ticket.kept = True
             group.next_at = min(group.next_at, ticket.due)
             idle = self._thread is None
             if idle:
@@ -226,6 +197,7 @@ class Keeper:
         with self._cond:
             key = (source.key, renew)
             group = self._groups.get(key)
+            ticket.kept = False
             if group is not None and ticket in group.tickets:
                 group.tickets.remove(ticket)
                 if not group.tickets and not group.busy:
@@ -238,6 +210,53 @@ class Keeper:
                 if left <= 0:
                     break
                 condition_wait(self._cond, left)
+
+    def defer(self, entry: Deferred) -> None:
+        """Release its lease (kept renewed meanwhile, if it is) once its watch says the
+        caller's transaction has ended; then close its link."""
+        self._deferred.append(entry)
+        self._wake()
+
+    def adopt(self, name: str, holder: str | None, owner: object) -> Deferred | None:
+        """Take back a deferred lease of ``name`` kept for ``owner``'s transaction, for a
+        new block there (see Lease._adopt); None after any release under way."""
+        if not self._deferred and not self._releasing:
+            return None  # every block's entry asks: no lock for the common answer
+        with self._cond:
+            limit = monotonic() + STOP_WAIT
+            while True:
+                for entry in self._deferred:
+                    if entry.matches(name, holder, owner):
+                        self._deferred.remove(entry)
+                        return entry
+                releasing = any(e.owner is owner and e.ticket.name == name for e in self._releasing)
+                if not releasing or monotonic() >= limit:
+                    return None
+                condition_wait(self._cond, limit - monotonic())
+
+    def abandon(self, ticket: Ticket) -> None:
+        """Its Held was collected inside its block: release it now. A finalizer's, on any
+        thread: it waits for the release only on a caller's thread (sync), and bounded."""
+        ticket.abandoned = True
+        if not ticket.kept and ticket.link is not None:
+            self._deferred.append(Deferred(ticket, ticket.link.source, None, None, ticket.link))
+        here = threading.current_thread().name
+        # The keeper's own threads must not wait for themselves.
+        if self._wake() and not here.startswith("pylease-") and not sys.is_finalizing():
+            ticket.given_back.wait(GIVE_BACK_WAIT)
+
+    def _wake(self) -> bool:
+        """Make the keeper look at its leases now; False if it could not be told."""
+        if not self._cond.acquire(timeout=WAKE_WAIT):
+            return False  # it finds the lease at its next tick
+        try:
+            if self._thread is None:
+                self._thread = spawn(self._run, name="pylease-heartbeat")
+            else:
+                self._cond.notify_all()
+        finally:
+            self._cond.release()
+        return True
 
     def tickets(self) -> list[Ticket]:
         """Every ticket kept now."""
@@ -267,8 +286,10 @@ class Keeper:
         with self._cond:
             now = monotonic()
             abandoned, overdue, due = self._sort(now)
-            done = not any(g.tickets for g in self._groups.values())
-            quiet = not (overdue or due or abandoned)
+            ended = take_ended(self._deferred)
+            self._releasing.update(entry for entry, _verdict in ended)
+            done = not any(g.tickets for g in self._groups.values()) and not self._deferred
+            quiet = not (overdue or due or abandoned or ended)
             if done:
                 if quiet and self._linger(now):
                     return True
@@ -289,7 +310,10 @@ class Keeper:
             if error is not None:
                 tell_lost(ticket, error)
         for group, ticket in abandoned:
-            spawn(self._give_back, group, ticket, name="pylease-abandoned")
+            entry = Deferred(ticket, group.source, None, None, ticket.link, renew=group.renew)
+            spawn(self._give_back, entry, True, name="pylease-abandoned")
+        for entry, verdict in ended:
+            spawn(self._give_back, entry, verdict, name="pylease-deferred")
         return not done
 
     def _sort(self, now: float) -> tuple[list[_Entry], list[_Entry], list[_Batch]]:
@@ -327,38 +351,43 @@ class Keeper:
         return False
 
     def _wake_at(self, now: float) -> float:
-        """When the next tick is due, or the next ticket's deadline comes."""
+        """When the next tick is due, a deadline comes, or a deferred lease is looked at."""
         groups = self._groups.values()
         ticks = min((g.next_at for g in groups if not g.busy), default=now + 1)
-        return min(ticks, min(t.deadline for g in groups for t in g.tickets))
+        if self._deferred:
+            ticks = min(ticks, now + TX_POLL)
+        return min(ticks, min((t.deadline for g in groups for t in g.tickets), default=ticks))
 
-    def _give_back(self, group: _Group, ticket: Ticket) -> None:
-        """Release an abandoned lease on pylease's own connection, where that is safe."""
-        with self._cond:
-            # Its renewal under way, if any, is answered before the release goes out.
-            limit = monotonic() + STOP_WAIT
-            while ticket in self._inflight and monotonic() < limit:
-                condition_wait(self._cond, limit - monotonic())
-        logger.warning(
-            "lease %r was abandoned (its Held collected inside its block): releasing it",
-            ticket.name,
-        )
-        name, holder = ticket.name, ticket.holder
+    def _give_back(self, entry: Deferred, verdict: bool) -> None:
+        """Release a lease on pylease's own connection, where that is safe: an abandoned
+        one, or a deferred one whose caller's transaction ended (``verdict`` True;
+        False: it ended unknowably, so the lease is left to expire)."""
+        ticket: Ticket = entry.ticket
+        source: Source = entry.source
+        name = ticket.name
 
         def run(op: Callable[[Backend], bool]) -> bool:
             # The source, never the caller's connection: that one may be in use.
-            return group.source.run(op, name=name)
+            return source.run(op, name=name)
 
         try:
-            kind = "names" if ticket.names else ticket.kind
-            release_kept(run, kind, ticket.names or (name,), holder, ticket.fence)
+            # Out of its group; its renewal under way, if any, is answered first.
+            self.remove(ticket, source, entry.renew or renew_leases)
+            if entry.before_release(verdict):
+                ours = give_back(run, ticket, entry.min_hold)
+                entry.after_release(ours)
         except Exception as exc:
-            logger.warning("could not release abandoned lease %r: %s", name, exc)
+            logger.warning("could not release lease %r: %s", name, exc)
         finally:
             for each in ticket.names or (name,):
-                _claims.leave(each, holder)
-            if ticket.link is not None:
-                ticket.link.close()
+                _claims.leave(each, ticket.holder)
+            if entry.link is not None:
+                entry.link.close()
+            if ticket.given_back is not None:
+                ticket.given_back.set()
+            with self._cond:
+                self._releasing.discard(entry)
+                self._cond.notify_all()
 
     def _tick(self, group: _Group, batch: list[Ticket]) -> None:
         lost: list[tuple[Ticket, str]] = []

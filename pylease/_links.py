@@ -345,6 +345,8 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
     pool_cls = pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
+            if target.partition("?")[0] == "sqlite:///:memory:":
+                raise in_memory(parameter)
             return SqliteSource(target), None
         if is_postgres_url(target):
             check_url(target, parameter)
@@ -355,8 +357,21 @@ def source_for(target: object, parameter: str = "target") -> tuple[Source, str |
         return PoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
         location = sqlite_location(target)
-        return SqliteSource(location, None if location else target), None
+        if location is None:
+            raise in_memory(parameter)
+        return SqliteSource(location), None
     raise bad_target(target, parameter, "lease")
+
+
+def in_memory(parameter: str) -> InvalidArgument:
+    """The error for an in-memory SQLite database (issue 21, item 8)."""
+    return InvalidArgument(
+        f"pylease: {parameter} is an in-memory SQLite database: nothing outside its one"
+        " connection sees its leases, and pylease's claims and renewals there would run"
+        " inside the caller's transactions (a rollback would undo a grant); use a file"
+        " (sqlite:///path)",
+        parameter=parameter,
+    )
 
 
 def check(target: object, heartbeat_target: object = None) -> None:
@@ -394,6 +409,15 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     """
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
+    if isinstance(target, sqlite3.Connection) and target.in_transaction:
+        # Refused, not joined: a grant made in it would vanish with its rollback, and
+        # one made outside it would wait for the write lock it may hold (issue 21, item 8).
+        raise InvalidArgument(
+            "pylease: target is a sqlite3.Connection inside a transaction: commit or roll"
+            " back before taking a lease (pylease never claims inside the caller's"
+            " transaction)",
+            parameter="target",
+        )
     if isinstance(target, psycopg.Connection):
         if heartbeat_target is None:
             conninfo = conninfo_of(target)

@@ -379,6 +379,8 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
     pool_cls = async_pool_class()
     if isinstance(target, str):
         if dsn_mod.is_sqlite(target):
+            if target.partition("?")[0] == "sqlite:///:memory:":
+                raise in_memory(parameter)
             return AsyncSqliteSource(target), None
         if is_postgres_url(target):
             check_url(target, parameter)
@@ -389,8 +391,21 @@ def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, 
         return AsyncPoolSource(target), pool_conninfo(target)
     elif isinstance(target, sqlite3.Connection):
         location = sqlite_location(target)
-        return AsyncSqliteSource(location, None if location else target), None
+        if location is None:
+            raise in_memory(parameter)
+        return AsyncSqliteSource(location), None
     raise bad_target(target, parameter, "alease")
+
+
+def in_memory(parameter: str) -> InvalidArgument:
+    """The error for an in-memory SQLite database (issue 21, item 8)."""
+    return InvalidArgument(
+        f"pylease: {parameter} is an in-memory SQLite database: nothing outside its one"
+        " connection sees its leases, and pylease's claims and renewals there would run"
+        " inside the caller's transactions (a rollback would undo a grant); use a file"
+        " (sqlite:///path)",
+        parameter=parameter,
+    )
 
 
 def check(target: object, heartbeat_target: object = None) -> None:
@@ -428,6 +443,15 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
     """
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
+    if isinstance(target, sqlite3.Connection) and target.in_transaction:
+        # Refused, not joined: a grant made in it would vanish with its rollback, and
+        # one made outside it would wait for the write lock it may hold (issue 21, item 8).
+        raise InvalidArgument(
+            "pylease: target is a sqlite3.Connection inside a transaction: commit or roll"
+            " back before taking a lease (pylease never claims inside the caller's"
+            " transaction)",
+            parameter="target",
+        )
     if isinstance(target, psycopg.AsyncConnection):
         if heartbeat_target is None:
             conninfo = conninfo_of(target)

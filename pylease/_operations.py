@@ -106,6 +106,19 @@ class CounterRow:
 
 
 @dataclass(frozen=True)
+class PageRow(LeaseRow):
+    """One name of a page of names (``status --prefix``, ``metrics``): its ``lease_status``
+    and ``lease_counters`` rows, and how many names the page was taken from."""
+
+    grants: int
+    takeovers: int
+    steals: int
+    releases: int
+    #: How many names start with the page's prefix, on this page or after it.
+    matching: int
+
+
+@dataclass(frozen=True)
 class LeaseEvent:
     """One row of ``lease_history``: ``claimed``, ``taken_over``, ``stolen`` or ``released``."""
 
@@ -201,6 +214,21 @@ COUNTERS = Operation(
     "SELECT name, grants, takeovers, steals, releases FROM lease_counters(%s)",
     ("name",),
     CounterRow,
+)
+# The names that start with a prefix, first ones first: lease_status and lease_counters
+# whole (a SECURITY DEFINER function is never inlined, so no filter here can use an
+# index), filtered, joined, and cut after max_rows (NULL: all); the count is taken
+# before the cut, so that what was left out can be told.
+STATUS_PAGE = Operation(
+    "status_page",
+    READ,
+    "SELECT s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held,"
+    " s.state, s.ttl, c.grants, c.takeovers, c.steals, c.releases, count(*) OVER ()"
+    " FROM lease_status() AS s JOIN lease_counters() AS c ON c.name = s.name"
+    " WHERE starts_with(s.name, %s) AND starts_with(c.name, %s)"
+    " ORDER BY s.name LIMIT %s",
+    ("prefix", "prefix", "max_rows"),
+    PageRow,
 )
 # since is a time or a span back from now, never both; a span is taken by the
 # database's clock, like every other time.
@@ -306,6 +334,7 @@ OPERATIONS = (
     HOLDS,
     STATUS,
     COUNTERS,
+    STATUS_PAGE,
     HISTORY,
     PRUNE_HISTORY,
     PERMIT_CLAIM,

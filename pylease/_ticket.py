@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -53,8 +54,8 @@ class Ticket:
     A ticket belongs to the process that claimed it: in a forked child it reads as
     lost, and the child's lease block does nothing with it. ``abandoned`` is set when
     its :class:`~pylease.Held` was collected while the block was never left; the
-    keeper then stops renewing it and releases it through ``link``, pylease's own way
-    to the database.
+    keeper then stops renewing it and releases it at once through ``link``'s source,
+    pylease's own way to the database.
     """
 
     # For the log records (pylease._log): the fence it was granted, and how many of
@@ -64,6 +65,13 @@ class Ticket:
     # Set once its lease block is left: from then on the lease may be another's, so
     # its Held reads as lost (the ticket's own error() still tells the block's story).
     ended = False
+    # The keeper that keeps it (or would release it once collected), whether that
+    # keeper renews it now, and what a finalizer waiting for its release waits on.
+    keeper: Any = None
+    kept = False
+    given_back: Any = None
+    # Bumped when a later block in the caller's transaction takes the lease back.
+    generation = 0
     # What the keeper renews: a lease ("lease"), or a holder's slots of a semaphore
     # ("permit"); a claim of several names renews each of ``names`` (lost when any is).
     kind = "lease"
@@ -157,11 +165,16 @@ def inherited(ticket: Ticket) -> bool:
 
 
 def abandon(ticket: Ticket) -> None:
-    """The lease's Held was collected inside its block: stop renewing it (see the keepers).
+    """The lease's Held was collected inside its block: its keeper stops renewing it and
+    releases it now (see the keepers' ``abandon``).
 
-    A finalizer: it may run on any thread, in the middle of anything, so it only flags.
+    A finalizer: it may run on any thread, in the middle of anything.
     """
-    ticket.abandoned = True
+    if ticket.keeper is None or inherited(ticket):
+        ticket.abandoned = True
+        return
+    ticket.given_back = threading.Event()  # set by the keeper once it was given back
+    ticket.keeper.abandon(ticket)
 
 
 def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:

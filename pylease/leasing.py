@@ -22,13 +22,12 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from pylease import _claims
+from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
-from pylease._backend import Backend, release_tenure
+from pylease._caller_tx import Deferred
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
-    describe_loss,
     end_keep_fresh,
     finish,
     keep_fresh_options,
@@ -36,11 +35,11 @@ from pylease._held import (
 )
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
-from pylease._keeper import keeper, settle
+from pylease._keeper import NOT_OURS, keeper, settle
 from pylease._links import Link, link
 from pylease._links import check as check_target
-from pylease._log import released as log_released
-from pylease._ticket import Ticket, abandon, inherited
+from pylease._tenure import loss_cause, release, renew_leases
+from pylease._ticket import Ticket, abandon, inherited, notify_lost
 from pylease._types import Duration, Target, Wait
 from pylease._waiting import Stop, acquire
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -51,59 +50,6 @@ T = TypeVar("T")
 LostCallback = Callable[[LeaseLost], object]
 
 
-def release(
-    link_: Link, ticket: Ticket, min_hold: timedelta | None
-) -> tuple[bool | None, Exception | None]:
-    """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
-    name, holder = ticket.name, ticket.holder
-
-    def run(op: Callable[[Backend], bool]) -> bool:
-        return link_.run_release(op, name=name)
-
-    try:
-        ours = release_tenure(run, name, holder, min_hold, ticket.fence)
-    except Exception as exc:
-        return None, exc
-    log_released(name, holder, ticket.fence, ours)
-    return ours, None
-
-
-def loss_cause(link_: Link, ticket: Ticket) -> str | None:
-    """What the database says became of a lease we lost; None if it cannot say.
-
-    Asked only once the block is over and the lease was lost, so it costs nothing
-    on the way and never delays the loss being known.
-    """
-    name = ticket.name
-
-    def look(b: Backend) -> str | None:
-        rows = b.status(name)
-        events = b.history(name, None, 1)
-        return describe_loss(ticket, rows[0] if rows else None, events[0] if events else None)
-
-    try:
-        return link_.run(look, name=name)
-    except Exception:
-        return None  # the loss is the story; its detail is a courtesy
-
-
-def enter_claims(names: tuple[str, ...], holder: str) -> None:
-    """Record the claims of ``names`` by ``holder`` in this process, all or none."""
-    entered: list[str] = []
-    try:
-        for name in names:
-            _claims.enter(name, holder)
-            entered.append(name)
-    except BaseException:
-        leave_claims(tuple(entered), holder)
-        raise
-
-
-def leave_claims(names: tuple[str, ...], holder: str) -> None:
-    for name in names:
-        _claims.leave(name, holder)
-
-
 class Lease:
     """The context manager :func:`lease` returns; single use.
 
@@ -111,6 +57,10 @@ class Lease:
     too: they change what is claimed, held and released (the methods ``_names``,
     ``_claim``, ``_made``, ``_release`` and ``_loss_cause``), and the rest is this.
     """
+
+    # A later block of the name in the caller's transaction may take a deferred lease
+    # back; permits and several names are kept for the transaction, never taken back.
+    _adoptable = True
 
     def __init__(
         self,
@@ -136,33 +86,40 @@ class Lease:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: a lease() context manager can be entered once")
         opts = self._opts
+        if self._adopt():
+            assert self._held is not None
+            return self._held
         holder = opts.holder or default_holder()
         names = self._names()
         # Before any I/O: one holder names one claim (a second live lease of this name
         # with this holder would share the fence and be released under the first).
-        enter_claims(names, holder)
+        _claims.enter_all(names, holder)
         try:
             self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         except BaseException:
-            leave_claims(names, holder)
+            _claims.leave_all(names, holder)
             raise
         try:
             grant, sent_at = self._claim(link_, holder)
         except BaseException:
             self._link = None
-            leave_claims(names, holder)
+            _claims.leave_all(names, holder)
             link_.close()
             raise
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
         held = self._made(ticket, grant)
         self._ticket = ticket
+        # Once neither this context manager nor the Held is reachable (the Held is
+        # reachable from here), nobody can leave the block: the keeper stops renewing
+        # and releases at once (issue 10, defect 8; issue 21, item 15).
+        ticket.link = link_
+        ticket.keeper = keeper()
+        self._held = held  # so the Held is collected only once this is too
+        self._finalizer = weakref.finalize(held, abandon, ticket)
+        # Not at exit: a daemon thread may still be inside its block then, and a
+        # release would let another holder in under it. The expiry frees the lease.
+        self._finalizer.atexit = False
         if opts.heartbeat:
-            # Once neither this context manager nor the Held is reachable (the Held is
-            # reachable from here), nobody can leave the block: the keeper stops
-            # renewing and releases (issue 10, defect 8).
-            ticket.link = link_
-            self._held = held  # so the Held is collected only once this is too
-            self._finalizer = weakref.finalize(held, abandon, ticket)
             keeper().add(ticket, link_.source)
         return held
 
@@ -185,17 +142,19 @@ class Lease:
         if self._finalizer is not None:
             self._finalizer.detach()
         self._held = None
+        if self._defer(link_, ticket, exc):
+            return  # released later; the body's exception, if any, goes on as it is
         try:
             if self._opts.heartbeat:
                 keeper().remove(ticket, link_.source)
                 if ticket.callback is not None:
                     settle(ticket)
-            released, trouble = self._release(link_, ticket)
+            released, trouble = release(link_, ticket, self._opts.min_hold)
             cause = None
             if trouble is None and (released is False or ticket.error() is not None):
                 cause = self._loss_cause(link_, ticket)
         finally:
-            leave_claims(ticket.names or (ticket.name,), ticket.holder)
+            _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
             link_.close()
         finish(ticket, exc, released, trouble, cause)
 
@@ -219,11 +178,60 @@ class Lease:
         ticket.fence = grant
         return Held(self._opts.name, ticket.holder, grant, ticket)
 
-    def _release(self, link_: Link, ticket: Ticket) -> tuple[bool | None, Exception | None]:
-        return release(link_, ticket, self._opts.min_hold)
-
     def _loss_cause(self, link_: Link, ticket: Ticket) -> str | None:
         return loss_cause(link_, ticket)
+
+    def _defer(self, link_: Link, ticket: Ticket, exc: object) -> bool:
+        """If the block ends inside the caller's open transaction, keep the lease
+        (renewed) until that transaction ends, and only then release it (issue 21,
+        item 3): True. False when there is none, or the lease turns out lost: the
+        block then ends as any block does.
+        """
+        if ticket.error() is not None:
+            return False
+        watch = _caller_tx.watch(self._target)
+        if watch is None:
+            return False
+        if exc is None and not link_.sqlite:
+            # The verdict a release would give, while the caller can still roll back:
+            # one renewal, on pylease's own connection. (On SQLite the caller's open
+            # transaction may hold the one write lock: its local belief answers.)
+            sent_at = monotonic()
+            try:
+                rows = link_.source.run(lambda b: renew_leases(b, [ticket]), name=ticket.name)
+            except Exception:
+                rows = None  # not known: the keeper goes on, and tells a loss loudly
+            if rows is not None:
+                if not rows[0][1]:
+                    notify_lost(ticket, NOT_OURS)
+                    return False
+                ticket.renewed(sent_at, rows[0][2])
+        owner = _caller_tx.owner(self._target) if self._adoptable else None
+        min_hold = self._opts.min_hold
+        keeper().defer(Deferred(ticket, link_.source, watch, min_hold, link_, owner=owner))
+        return True
+
+    def _adopt(self) -> bool:
+        """Continue the tenure of an earlier block of this name that ended in the
+        caller's transaction still open (or just ended) on the same connection: held
+        since, it could not be granted again before that transaction ends."""
+        owner = _caller_tx.owner(self._target) if self._adoptable else None
+        if owner is None:
+            return False
+        entry = keeper().adopt(self._opts.name, self._opts.holder, owner)
+        if entry is None:
+            return False
+        self._link = entry.link
+        self._ticket = ticket = entry.ticket
+        fence = ticket.fence
+        assert fence is not None
+        ticket.ended = False
+        ticket.on_lost = self._on_lost
+        ticket.generation += 1  # the earlier block's Held stays ended
+        self._held = held = Held(ticket.name, ticket.holder, fence, ticket)
+        self._finalizer = weakref.finalize(held, abandon, ticket)
+        self._finalizer.atexit = False
+        return True
 
 
 def lease(

@@ -15,15 +15,14 @@ a lease.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pylease import _checks
-from pylease._backend import Backend, release_kept
+from pylease._backend import Backend
 from pylease._held import Held, NamesHeld, Options, PermitsHeld, options
 from pylease._links import Link
 from pylease._links import check as check_target
-from pylease._log import released as log_released
 from pylease._ticket import Ticket
 from pylease._types import Duration, Target, Wait
 from pylease._waiting import ClaimAll, PermitClaim, acquire_with
@@ -31,26 +30,10 @@ from pylease.errors import InvalidArgument
 from pylease.leasing import Lease, LostCallback
 
 
-def _release(
-    link_: Link, ticket: Ticket, kind: str, names: tuple[str, ...]
-) -> tuple[bool | None, Exception | None]:
-    """Give back what ``ticket`` holds: (was all of it still ours, None if unknown;
-    what went wrong)."""
-    name, holder = ticket.name, ticket.holder
-
-    def run(op: Callable[[Backend], bool]) -> bool:
-        return link_.run_release(op, name=name)
-
-    try:
-        ours = release_kept(run, kind, names, holder, ticket.fence)
-    except Exception as exc:
-        return None, exc
-    log_released(name, holder, ticket.fence, ours)
-    return ours, None
-
-
 class Permit(Lease):
     """The context manager :func:`permit` returns; single use."""
+
+    _adoptable = False
 
     def __init__(
         self,
@@ -78,9 +61,6 @@ class Permit(Lease):
         self._slots = held.slots
         return held
 
-    def _release(self, link_: Link, ticket: Ticket) -> tuple[bool | None, Exception | None]:
-        return _release(link_, ticket, "permit", (ticket.name,))
-
     def _loss_cause(self, link_: Link, ticket: Ticket) -> str | None:
         """Which of our slots the database gave to whom; None if it cannot say."""
         name, slots = ticket.name, self._slots
@@ -105,6 +85,8 @@ class Permit(Lease):
 
 class Names(Lease):
     """The context manager :func:`leases` returns; single use."""
+
+    _adoptable = False
 
     def __init__(
         self,
@@ -132,9 +114,6 @@ class Names(Lease):
         ticket.fence = held.fence
         self._fences = held.fences
         return held
-
-    def _release(self, link_: Link, ticket: Ticket) -> tuple[bool | None, Exception | None]:
-        return _release(link_, ticket, "names", self._all)
 
     def _loss_cause(self, link_: Link, ticket: Ticket) -> str | None:
         """Which of our names the database gave to whom; None if it cannot say."""

@@ -14,15 +14,14 @@ a lease.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pylease import _checks
-from pylease._backend_async import AsyncBackend, release_kept
+from pylease._backend_async import AsyncBackend
 from pylease._held import Held, NamesHeld, Options, PermitsHeld, bool_option, options
 from pylease._links_async import AsyncLink
 from pylease._links_async import check as check_target
-from pylease._log import released as log_released
 from pylease._ticket import AsyncTicket
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease._waiting_async import ClaimAll, PermitClaim, acquire_with
@@ -30,26 +29,10 @@ from pylease.errors import InvalidArgument
 from pylease.leasing_async import AsyncLease, AsyncLostCallback
 
 
-async def _release(
-    link_: AsyncLink, ticket: AsyncTicket, kind: str, names: tuple[str, ...]
-) -> tuple[bool | None, Exception | None]:
-    """Give back what ``ticket`` holds: (was all of it still ours, None if unknown;
-    what went wrong)."""
-    name, holder = ticket.name, ticket.holder
-
-    async def run(op: Callable[[AsyncBackend], Awaitable[bool]]) -> bool:
-        return await link_.run_release(op, name=name)
-
-    try:
-        ours = await release_kept(run, kind, names, holder, ticket.fence)
-    except Exception as exc:
-        return None, exc
-    log_released(name, holder, ticket.fence, ours)
-    return ours, None
-
-
 class AsyncPermit(AsyncLease):
     """The context manager :func:`apermit` returns; single use."""
+
+    _adoptable = False
 
     def __init__(
         self,
@@ -77,11 +60,6 @@ class AsyncPermit(AsyncLease):
         self._slots = held.slots
         return held
 
-    async def _release(
-        self, link_: AsyncLink, ticket: AsyncTicket
-    ) -> tuple[bool | None, Exception | None]:
-        return await _release(link_, ticket, "permit", (ticket.name,))
-
     async def _loss_cause(self, link_: AsyncLink, ticket: AsyncTicket) -> str | None:
         """Which of our slots the database gave to whom; None if it cannot say."""
         name, slots = ticket.name, self._slots
@@ -106,6 +84,8 @@ class AsyncPermit(AsyncLease):
 
 class AsyncNames(AsyncLease):
     """The context manager :func:`aleases` returns; single use."""
+
+    _adoptable = False
 
     def __init__(
         self,
@@ -133,11 +113,6 @@ class AsyncNames(AsyncLease):
         ticket.fence = held.fence
         self._fences = held.fences
         return held
-
-    async def _release(
-        self, link_: AsyncLink, ticket: AsyncTicket
-    ) -> tuple[bool | None, Exception | None]:
-        return await _release(link_, ticket, "names", self._all)
 
     async def _loss_cause(self, link_: AsyncLink, ticket: AsyncTicket) -> str | None:
         """Which of our names the database gave to whom; None if it cannot say."""

@@ -1,23 +1,46 @@
-"""``pylease leader NAME --ttl DUR -- CMD``: campaign until elected, run CMD as ``pylease run``.
+"""``pylease leader NAME --ttl DUR -- CMD``: campaign until elected, run CMD while leading.
 
-A leader command is a ``pylease run`` that waits without a deadline: the same claim
-(woken by the release's NOTIFY, or at the holder's expiry), the same child
-supervision (environment, signal forwarding, renewals, the stop of CMD before the
-lease can go to anyone else, exit codes), and the release (resignation) when CMD
-exits.
+The campaign is the leadership module's (:class:`pylease.leadership.Campaign`): a
+standby is a waiter of the wait engine, woken by the leader's resignation through the
+process's hub, or at the leader's expiry. Once elected, CMD runs as under
+``pylease run`` (:func:`pylease.cli._run.hold_and_run`: environment, signals passed
+on, the stop of CMD before the term can go to anyone else, exit codes), and the term
+is resigned when CMD exits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from pylease import durations
+from pylease._claims import default_holder
 from pylease.cli._app import command
-from pylease.cli._options import DsnOption, SchemaOption, VerboseOption, duration
-from pylease.cli._run import run
+from pylease.cli._database import find_store
+from pylease.cli._edge import at_edge, key
+from pylease.cli._options import (
+    KILL_AFTER,
+    CmdArg,
+    DsnOption,
+    KillAfterOption,
+    OwnHolderOption,
+    QuietOption,
+    SchemaOption,
+    VerboseOption,
+    duration,
+    seconds,
+)
+from pylease.cli._render import Busy
+from pylease.cli._run import hold_and_run
+
+if TYPE_CHECKING:
+    from pylease._held import Held
+    from pylease._operations import LeaseRow
+    from pylease.errors import LeaseLost
+    from pylease.leasing import Lease
 
 EPILOG = (
     "Exit codes: the command's own; 128+N when signal N killed it; 127 command not found; "
@@ -31,10 +54,7 @@ def leader(
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="The election's name.", show_default=False)
     ],
-    cmd: Annotated[
-        list[str],
-        typer.Argument(metavar="-- CMD [ARG...]", help="The command to run while leading."),
-    ],
+    cmd: CmdArg,
     ttl: Annotated[
         timedelta,
         typer.Option(
@@ -44,15 +64,7 @@ def leader(
             help="How long a leader that stopped renewing stays leader.",
         ),
     ],
-    holder: Annotated[
-        str | None,
-        typer.Option(
-            "--holder",
-            metavar="H",
-            help="Who campaigns; default: HOST:PID:RANDOM.",
-            show_default=False,
-        ),
-    ] = None,
+    holder: OwnHolderOption = None,
     wait: Annotated[
         timedelta,
         typer.Option(
@@ -63,19 +75,8 @@ def leader(
             show_default="forever",
         ),
     ] = durations.FOREVER,
-    kill_after: Annotated[
-        timedelta,
-        typer.Option(
-            "--kill-after",
-            metavar="DUR",
-            parser=duration("--kill-after"),
-            help="After a lost term's SIGTERM, SIGKILL the command this much later.",
-            show_default="10s",
-        ),
-    ] = timedelta(seconds=10),
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Say nothing while waiting to lead.")
-    ] = False,
+    kill_after: KillAfterOption = KILL_AFTER,
+    quiet: QuietOption = False,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
@@ -89,17 +90,43 @@ def leader(
 
     Example: pylease leader scheduler --ttl 15s -- ./scheduler --serve
     """
-    run(
-        name,
-        cmd,
-        ttl,
-        wait=wait,
-        holder=holder,
-        busy_exit=1,
-        min_hold=None,
-        kill_after=kill_after,
-        quiet=quiet,
-        dsn=dsn,
-        schema=schema,
-        verbose=verbose,
-    )
+    from pylease._standby import Observer, Stop
+    from pylease.leadership import Campaign
+
+    class Standby(Observer):
+        """Shows the spinner every busy attempt's row: the busy line tells its expiry."""
+
+        def __init__(self, busy: Busy) -> None:
+            super().__init__(busy)
+            self.busy = busy
+
+        def see(self, row: LeaseRow | None) -> None:
+            self.busy(row)
+
+    with at_edge(verbose) as edge:
+        key("name", name)
+        holder = key("holder", holder) if holder is not None else default_holder()
+        edge.store = store = find_store(dsn, schema)
+
+        def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
+            campaign = Campaign(
+                store.url,
+                name,
+                ttl,
+                holder=holder,
+                wait=seconds(wait),
+                on_lost=on_lost,
+                heartbeat_target=None,
+                poll_interval=None,
+                cancel_on_lost=True,
+            )
+            # Nothing sets this stop: SIGINT, SIGTERM and SIGHUP end the campaign by
+            # raising (hold_and_run's handlers), as they end run's wait.
+            won = campaign.run(Stop(None), Standby(busy))
+            assert won is not None
+            return won
+
+        code = hold_and_run(
+            name, cmd, holder, store, enter, busy_exit=1, kill_after=kill_after, quiet=quiet
+        )
+    raise typer.Exit(code)

@@ -3,13 +3,17 @@
 Read only through the lease functions (``lease_status``, ``lease_counters``), so a
 role that may only EXECUTE them can run it. Every series is labelled ``name``: one
 series per lease name and metric, so names made per tenant or per job multiply
-them; ``--names`` keeps the ones that matter (shell-style patterns).
+them. A scrape is bounded: at most ``--max-names`` names (the first in name order),
+after ``--prefix`` (filtered by the database) and ``--names`` (shell-style patterns,
+filtered here); ``pylease_names_omitted`` says how many matching names were left out.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,10 +21,11 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pylease._operations import LeaseRow
+from pylease._operations import PageRow
 
-# (status rows, counter rows, the database's clock); raises when the database cannot answer.
-Reader = Callable[[], tuple[list[LeaseRow], list[Any], datetime]]
+# (the rows to report, how many matching names were left out, the database's clock);
+# raises when the database cannot answer.
+Reader = Callable[[], tuple[list[PageRow], int, datetime]]
 OnError = Callable[[Exception], None]
 
 GAUGES = (
@@ -54,18 +59,32 @@ def wanted(names: Sequence[str]) -> Callable[[str], bool]:
     return lambda name: any(fnmatch.fnmatchcase(name, pattern) for pattern in names)
 
 
+def select(rows: list[PageRow], names: Sequence[str], max_names: int) -> tuple[list[PageRow], int]:
+    """The rows to report, and how many matching names are left out of them.
+
+    ``rows`` is the database's page: cut at ``max_names`` already when there are no
+    ``names`` patterns (its ``matching`` counts the names it was cut from), else every
+    name of the prefix, which the patterns filter here before the cut.
+    """
+    if names:
+        keep = wanted(names)
+        rows = [row for row in rows if keep(row.name)]
+        return rows[:max_names], max(len(rows) - max_names, 0)
+    matching = rows[0].matching if rows else 0
+    return rows[:max_names], matching - min(len(rows), max_names)
+
+
 class LeaseCollector(Collector):
     """Reads the leases at every scrape; ``pylease_up`` says whether that worked."""
 
-    def __init__(self, read: Reader, names: Sequence[str] = (), on_error: OnError | None = None):
+    def __init__(self, read: Reader, on_error: OnError | None = None):
         self._read = read
-        self._wanted = wanted(names)
         self._on_error = on_error
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("pylease_up", "1 if pylease could read the leases, else 0.")
         try:
-            rows, counters, now = self._read()
+            rows, omitted, now = self._read()
         except Exception as exc:
             if self._on_error is not None:
                 self._on_error(exc)
@@ -74,11 +93,18 @@ class LeaseCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        yield from self._gauges([r for r in rows if self._wanted(r.name)], now)
-        yield from self._counters([c for c in counters if self._wanted(c.name)])
+        left_out = GaugeMetricFamily(
+            "pylease_names_omitted",
+            "Lease names that matched but were left out of the per-name series "
+            "(more than --max-names; narrow with --prefix, or raise --max-names).",
+        )
+        left_out.add_metric([], omitted)
+        yield left_out
+        yield from self._gauges(rows, now)
+        yield from self._counters(rows)
 
     @staticmethod
-    def _gauges(rows: Iterable[LeaseRow], now: datetime) -> Iterator[Metric]:
+    def _gauges(rows: Iterable[PageRow], now: datetime) -> Iterator[Metric]:
         families = {key: GaugeMetricFamily(key, doc, labels=["name"]) for key, doc in GAUGES}
         for row in rows:
             held = row.held
@@ -95,7 +121,7 @@ class LeaseCollector(Collector):
         yield from families.values()
 
     @staticmethod
-    def _counters(rows: Iterable[Any]) -> Iterator[Metric]:
+    def _counters(rows: Iterable[PageRow]) -> Iterator[Metric]:
         families = {key: CounterMetricFamily(key, doc, labels=["name"]) for key, doc in COUNTERS}
         for row in rows:
             families["pylease_grants"].add_metric([row.name], row.grants)
@@ -121,7 +147,11 @@ def text(collector: Collector) -> str:
 
 
 def serve(collector: Collector, host: str, port: int, ready: Callable[[str, int], None]) -> None:
-    """Serve ``/metrics`` on ``host:port`` until interrupted; ``ready`` gets the bound port."""
+    """Serve ``/metrics`` on ``host:port`` until SIGINT or SIGTERM; ``ready`` gets the bound port.
+
+    A signal ends the loop between requests: an exception raised wherever the signal
+    lands (inside a scrape's read, holding a lock) could leave the process unable to exit.
+    """
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     from prometheus_client import make_wsgi_app
@@ -136,5 +166,12 @@ def serve(collector: Collector, host: str, port: int, ready: Callable[[str, int]
 
     app = make_wsgi_app(registry_for(collector))
     with make_server(host, port, app, server_class=Server, handler_class=Quiet) as server:
+
+        def stop(_signum: int, _frame: Any) -> None:
+            # shutdown() waits for the loop, which runs in this thread: ask from another.
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        for ending in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(ending, stop)
         ready(host, server.server_port)
         server.serve_forever()

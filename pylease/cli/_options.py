@@ -90,7 +90,50 @@ WaitOption = Annotated[
         show_default=False,
     ),
 ]
+PrefixOption = Annotated[
+    str | None,
+    typer.Option(
+        "--prefix",
+        metavar="P",
+        help="Only leases whose name starts with P (filtered by the database).",
+        show_default=False,
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+# What `run` and `leader` share: both run a command under a lease they claim.
+CmdArg = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="-- CMD [ARG...]",
+        help="The command to run while the lease is held.",
+        show_default=False,
+    ),
+]
+OwnHolderOption = Annotated[
+    str | None,
+    typer.Option(
+        "--holder",
+        metavar="H",
+        help="Who claims; default: HOST:PID:RANDOM.",
+        show_default=False,
+    ),
+]
+KillAfterOption = Annotated[
+    timedelta,
+    typer.Option(
+        "--kill-after",
+        metavar="DUR",
+        parser=duration("--kill-after"),
+        help="After a lost lease's SIGTERM, SIGKILL the command this much later;"
+        " never later than the lease's local expiry, whatever this says.  [default: 10s]",
+        show_default=False,
+    ),
+]
+KILL_AFTER = timedelta(seconds=10)
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Say nothing while the lease is busy.")
+]
 VerboseOption = Annotated[
     bool,
     typer.Option(

@@ -1,12 +1,18 @@
-"""``pylease run NAME -- CMD``: run a command while holding a lease."""
+"""``pylease run NAME -- CMD``: run a command while holding a lease.
+
+:func:`hold_and_run` is what ``run`` and ``leader`` share once they know how to get
+their lease: the wait's spinner and busy line, the child's environment and
+supervision, the exit codes, and the release when the command is done.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,8 +23,13 @@ from pylease.cli._app import command, stderr_log
 from pylease.cli._database import Store, connect, find_store, server_clock, server_now, where
 from pylease.cli._edge import at_edge, key, say
 from pylease.cli._options import (
+    KILL_AFTER,
+    CmdArg,
     DsnOption,
+    KillAfterOption,
     NameArg,
+    OwnHolderOption,
+    QuietOption,
     SchemaOption,
     TtlOption,
     VerboseOption,
@@ -27,12 +38,16 @@ from pylease.cli._options import (
     lease_options,
 )
 from pylease.cli._render import Busy
-from pylease.errors import (
-    LeaseBusy,
-    PyleaseError,
-)
+from pylease.errors import LeaseBusy, PyleaseError
 
-# Commands, in the order a newcomer needs them ------------------------------------
+if TYPE_CHECKING:
+    from pylease._held import Held
+    from pylease.errors import LeaseLost
+    from pylease.leasing import Lease
+
+# How a command gets its lease: given the loss callback and the busy observer, the
+# lease entered (granted, kept fresh) and its Held; LeaseBusy when the wait ran out.
+Enter = Callable[[Callable[["LeaseLost"], None], Busy], "tuple[Lease, Held]"]
 
 
 @command(
@@ -42,25 +57,10 @@ from pylease.errors import (
 )
 def run(
     name: NameArg,
-    cmd: Annotated[
-        list[str],
-        typer.Argument(
-            metavar="-- CMD [ARG...]",
-            help="The command to run under the lease.",
-            show_default=False,
-        ),
-    ],
+    cmd: CmdArg,
     ttl: TtlOption,
     wait: WaitOption = timedelta(0),
-    holder: Annotated[
-        str | None,
-        typer.Option(
-            "--holder",
-            metavar="H",
-            help="Who claims; default: HOST:PID:RANDOM.",
-            show_default=False,
-        ),
-    ] = None,
+    holder: OwnHolderOption = None,
     busy_exit: Annotated[
         int,
         typer.Option(
@@ -82,20 +82,8 @@ def run(
             show_default=False,
         ),
     ] = None,
-    kill_after: Annotated[
-        timedelta,
-        typer.Option(
-            "--kill-after",
-            metavar="DUR",
-            parser=duration("--kill-after"),
-            help="After a lost lease's SIGTERM, SIGKILL the command this much later;"
-            " never later than the lease's local expiry, whatever this says.  [default: 10s]",
-            show_default=False,
-        ),
-    ] = timedelta(seconds=10),
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Say nothing when the lease is busy.")
-    ] = False,
+    kill_after: KillAfterOption = KILL_AFTER,
+    quiet: QuietOption = False,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
@@ -109,79 +97,104 @@ def run(
 
     Example: pylease run nightly-report --ttl 10m --busy-exit 0 -- ./report.sh --full
     """
-    from pylease.errors import LeaseLost
     from pylease.leasing import Lease
 
     with at_edge(verbose) as edge:
         key("name", name)
         holder = key("holder", holder) if holder is not None else default_holder()
         edge.store = store = find_store(dsn, schema)
-        lost = threading.Event()
-        why: list[str] = []
-
-        def on_lost(error: LeaseLost) -> None:  # on the heartbeat's thread
-            why.append(str(error))
-            lost.set()
-
         opts = lease_options(name, ttl, holder, wait, min_hold)
-        # One claim per attempt, by the library's own wait loop, on the lease that
-        # then stays held: no claim of our own first.
-        holding = Lease(store.url, opts, on_lost=on_lost, heartbeat_target=None)
-        entered = False
-        try:
-            # From here to the child's start a signal ends pylease cleanly; once the
-            # child runs, supervise() passes signals on to it.
-            with _child.signals_raise():
-                with _render.spinner(name, quiet) as show:
-                    busy = holding.on_busy = Busy(show)
-                    try:
-                        held = holding.__enter__()
-                        fence = held.fence
-                        entered = True
-                    except LeaseBusy:
-                        if not quiet:
-                            say(
-                                _render.busy_line(name, busy.row, server_clock(store), where(store))
-                            )
-                        raise typer.Exit(busy_exit) from None
-                env = dict(os.environ)
-                env.update(
-                    PYLEASE_NAME=name,
-                    PYLEASE_HOLDER=holder,
-                    PYLEASE_FENCE=str(fence),
-                    PYLEASE_DSN=store.url,
-                )
-                if store.schema:
-                    env[dsn_mod.SCHEMA_VAR] = store.schema
-                outcome = _child.supervise(
-                    cmd,
-                    env,
-                    lost=lost,
-                    kill_after=kill_after.total_seconds(),
-                    say=say,
-                    why_lost=lambda: why[0] if why else f"lease {name!r} was lost",
-                    remaining=_child.time_left(held),
-                )
-        except _child.Signalled as sig:
-            if entered:
-                with contextlib.suppress(Exception):
-                    holding.__exit__(None, None, None)
-            raise typer.Exit(128 + sig.signum) from None
-        code = _child.LOST if outcome.lost else outcome.code
-        if outcome.lost and not stderr_log.failing(name):
-            # The command is stopped already: now there is time to ask who has the lease.
-            taken = _taken_by(store, name, holder, fence)
-            if taken:
-                say(taken)
-        try:
-            holding.__exit__(None, None, None)  # releases, with --min-hold
-        except LeaseLost as exc:
-            if not outcome.lost:
-                say(f"{exc}; {cmd[0]} ran to its end without it")
-                code = _child.LOST
-        except PyleaseError as exc:
-            say(f"could not release lease {name!r}, it stays held until it expires: {exc}")
+
+        def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
+            # One claim per attempt, by the library's own wait loop, on the lease that
+            # then stays held: no claim of our own first.
+            holding = Lease(store.url, opts, on_lost=on_lost, heartbeat_target=None)
+            holding.on_busy = busy
+            return holding, holding.__enter__()
+
+        code = hold_and_run(
+            name, cmd, holder, store, enter, busy_exit=busy_exit, kill_after=kill_after, quiet=quiet
+        )
     raise typer.Exit(code)
+
+
+def hold_and_run(
+    name: str,
+    cmd: list[str],
+    holder: str,
+    store: Store,
+    enter: Enter,
+    *,
+    busy_exit: int,
+    kill_after: timedelta,
+    quiet: bool,
+) -> int:
+    """Get the lease by ``enter``, run ``cmd`` under it, release it: the exit code.
+
+    :raises typer.Exit: busy (``busy_exit``), or a signal before the command ran.
+    """
+    from pylease.errors import LeaseLost
+
+    lost = threading.Event()
+    why: list[str] = []
+
+    def on_lost(error: LeaseLost) -> None:  # on the keeper's thread
+        why.append(str(error))
+        lost.set()
+
+    holding: Lease | None = None
+    try:
+        # From here to the child's start a signal ends pylease cleanly; once the
+        # child runs, supervise() passes signals on to it.
+        with _child.signals_raise():
+            with _render.spinner(name, quiet) as show:
+                busy = Busy(show)
+                try:
+                    holding, held = enter(on_lost, busy)
+                except LeaseBusy:
+                    if not quiet:
+                        say(_render.busy_line(name, busy.row, server_clock(store), where(store)))
+                    raise typer.Exit(busy_exit) from None
+            fence = held.fence
+            env = dict(os.environ)
+            env.update(
+                PYLEASE_NAME=name,
+                PYLEASE_HOLDER=holder,
+                PYLEASE_FENCE=str(fence),
+                PYLEASE_DSN=store.url,
+            )
+            if store.schema:
+                env[dsn_mod.SCHEMA_VAR] = store.schema
+            outcome = _child.supervise(
+                cmd,
+                env,
+                lost=lost,
+                kill_after=kill_after.total_seconds(),
+                say=say,
+                why_lost=lambda: why[0] if why else f"lease {name!r} was lost",
+                remaining=_child.time_left(held),
+            )
+    except _child.Signalled as sig:
+        if holding is not None:
+            with contextlib.suppress(Exception):
+                holding.__exit__(None, None, None)
+        raise typer.Exit(128 + sig.signum) from None
+    assert holding is not None  # entered, or busy or a signal ended this already
+    code = _child.LOST if outcome.lost else outcome.code
+    if outcome.lost and not stderr_log.failing(name):
+        # The command is stopped already: now there is time to ask who has the lease.
+        taken = _taken_by(store, name, holder, fence)
+        if taken:
+            say(taken)
+    try:
+        holding.__exit__(None, None, None)  # releases, with --min-hold
+    except LeaseLost as exc:
+        if not outcome.lost:
+            say(f"{exc}; {cmd[0]} ran to its end without it")
+            code = _child.LOST
+    except PyleaseError as exc:
+        say(f"could not release lease {name!r}, it stays held until it expires: {exc}")
+    return code
 
 
 def _taken_by(store: Store, name: str, holder: str, fence: int) -> str | None:

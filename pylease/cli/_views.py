@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from datetime import datetime, timedelta
@@ -11,12 +10,19 @@ from typing import Annotated, Any
 
 import typer
 
-from pylease._operations import LeaseRow
+from pylease._operations import LeaseRow, PageRow
 from pylease.cli import _render
 from pylease.cli._app import command
 from pylease.cli._database import Store, connect, find_store, server_now
 from pylease.cli._edge import EXIT_CONFIG, EXIT_USAGE, at_edge, fail, first_line, key, say
-from pylease.cli._options import DsnOption, SchemaOption, VerboseOption, duration, width
+from pylease.cli._options import (
+    DsnOption,
+    PrefixOption,
+    SchemaOption,
+    VerboseOption,
+    duration,
+    width,
+)
 
 
 @command()
@@ -34,6 +40,7 @@ def status(
     watch: Annotated[
         bool, typer.Option("--watch", help="Redraw as leases change, until Ctrl-C.")
     ] = False,
+    prefix: PrefixOption = None,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
@@ -49,34 +56,56 @@ def status(
     with at_edge(verbose) as edge:
         if name is not None:
             key("name", name)
+            if prefix is not None:
+                raise fail("give NAME or --prefix, not both", EXIT_USAGE)
+        if prefix:
+            key("prefix", prefix)
         edge.store = store = find_store(dsn, schema)
         if watch:
             if as_json:
                 raise fail("--watch draws a table; leave out --json", EXIT_USAGE)
-            _watch(store, name, wide)
+            _watch(store, name, prefix, wide)
             return
         with connect(store, "pylease status") as (backend, conn):
-            rows = backend.status(name)
+            rows = _rows(backend, name, prefix)
             now = server_now(store, conn)
         if as_json:
             typer.echo(json.dumps([_render.row_json(r) for r in rows]))
             return
-        typer.echo("\n".join(_status_lines(store, name, rows, now, wide)))
+        typer.echo("\n".join(_status_lines(store, name, prefix, rows, now, wide)))
+
+
+def _rows(backend: Any, name: str | None, prefix: str | None) -> list[LeaseRow]:
+    """One lease, the leases whose name starts with ``prefix``, or all of them."""
+    if prefix:
+        return list(backend.status_page(prefix))
+    rows: list[LeaseRow] = backend.status(name)
+    return rows
 
 
 def _status_lines(
-    store: Store, name: str | None, rows: list[LeaseRow], now: datetime, wide: bool
+    store: Store,
+    name: str | None,
+    prefix: str | None,
+    rows: list[LeaseRow],
+    now: datetime,
+    wide: bool,
 ) -> list[str]:
     head = []
     if store.default_file is not None:
         head.append(f"leases in {store.default_file} (this user's default SQLite file)")
     if not rows:
-        what = f"no lease named {name!r}" if name else f"no leases yet in {store.shown}"
+        if name:
+            what = f"no lease named {name!r}"
+        elif prefix:
+            what = f"no lease whose name starts with {prefix!r}"
+        else:
+            what = f"no leases yet in {store.shown}"
         return [*head, what]
     return [*head, *_render.table(rows, now, width(wide))]
 
 
-def _watch(store: Store, name: str | None, wide: bool) -> None:
+def _watch(store: Store, name: str | None, prefix: str | None, wide: bool) -> None:
     """Redraw until Ctrl-C: woken by a release's NOTIFY on PostgreSQL, polling on SQLite."""
     from pylease import _hub
 
@@ -94,9 +123,8 @@ def _watch(store: Store, name: str | None, wide: bool) -> None:
         with connect(store, "pylease status --watch") as (backend, conn):
 
             def draw() -> list[str]:
-                return _status_lines(
-                    store, name, backend.status(name), server_now(store, conn), wide
-                )
+                rows = _rows(backend, name, prefix)
+                return _status_lines(store, name, prefix, rows, server_now(store, conn), wide)
 
             for frame in _render.watch_frames(draw, wake, sys.stdout.isatty()):
                 typer.echo(frame)
@@ -205,6 +233,11 @@ def prune_history(
         typer.echo(f"removed {removed} event{'' if removed == 1 else 's'}")
 
 
+#: How many names a scrape reports at most, unless --max-names says otherwise: a scrape
+#: of this many takes well under a second, far from Prometheus's default 10 s timeout.
+MAX_NAMES = 1000
+
+
 def _listen_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -227,15 +260,28 @@ def metrics(
         bool,
         typer.Option("--once", help="Print the metrics once (node_exporter's textfile collector)."),
     ] = False,
+    prefix: PrefixOption = None,
     names: Annotated[
         list[str] | None,
         typer.Option(
             "--names",
             metavar="PATTERN",
-            help="Only leases whose name matches (shell-style, e.g. 'sweep-*'); repeatable.",
+            help="Only leases whose name matches (shell-style, e.g. 'sweep-*'); repeatable. "
+            "Filtered here, after the database: over many names, give --prefix too.",
             show_default=False,
         ),
     ] = None,
+    max_names: Annotated[
+        int,
+        typer.Option(
+            "--max-names",
+            metavar="N",
+            min=1,
+            help="Series for at most N names (the first by name); pylease_names_omitted "
+            f"counts the others.  [default: {MAX_NAMES}]",
+            show_default=False,
+        ),
+    ] = MAX_NAMES,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
@@ -243,12 +289,14 @@ def metrics(
     """Leases as Prometheus metrics: held, seconds to expiry, fence, held for, and the
     grants, takeovers, steals and releases counters, each labelled with the lease name.
 
-    Example: pylease metrics --listen 127.0.0.1:9464
+    Example: pylease metrics --listen 127.0.0.1:9464 --prefix report-
     """
     with at_edge(verbose) as edge:
         if (listen is None) == (not once):
             raise fail("give one of --listen HOST:PORT and --once", EXIT_USAGE)
         address = _listen_address(listen) if listen is not None else None
+        if prefix:
+            key("prefix", prefix)
         edge.store = store = find_store(dsn, schema)
         try:
             from pylease.cli import _metrics
@@ -258,15 +306,17 @@ def metrics(
                 EXIT_CONFIG,
             ) from None
 
-        def read() -> tuple[list[LeaseRow], list[Any], datetime]:
+        def read() -> tuple[list[PageRow], int, datetime]:
             with connect(store, "pylease metrics") as (backend, conn):
-                rows = backend.status(None)
-                counters = backend.counters(None)
-                return rows, counters, server_now(store, conn)
+                # With patterns, every name of the prefix: they filter before the cut.
+                rows = backend.status_page(prefix or "", None if names else max_names)
+                now = server_now(store, conn)
+            kept, omitted = _metrics.select(rows, names or (), max_names)
+            return kept, omitted, now
 
         if once:
             read()  # an error here is this command's own: loud, exit 3
-            typer.echo(_metrics.text(_metrics.LeaseCollector(read, names or ())), nl=False)
+            typer.echo(_metrics.text(_metrics.LeaseCollector(read)), nl=False)
             return
         assert address is not None
         told: list[str] = []
@@ -277,20 +327,13 @@ def metrics(
                 say(f"reading the leases failed (pylease_up 0): {line}")
             told[:] = [line]
 
-        collector = _metrics.LeaseCollector(read, names or (), on_error)
+        collector = _metrics.LeaseCollector(read, on_error)
 
         def ready(host: str, port: int) -> None:
             shown = f"[{host}]" if ":" in host else host
             say(f"serving metrics on http://{shown}:{port}/metrics ({store.shown})")
 
-        signal.signal(signal.SIGTERM, _interrupt)
         try:
             _metrics.serve(collector, address[0], address[1], ready)
-        except KeyboardInterrupt:
-            return
         except OSError as exc:
             raise fail(f"cannot listen on {listen}: {exc.strerror or exc}", EXIT_CONFIG) from None
-
-
-def _interrupt(_signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt  # a service manager's stop: end as Ctrl-C does, exit 0

@@ -2,8 +2,8 @@
 # Change the source and run `python tools/async_to_sync.py`.
 """The keeper: one statement per tick and database, whatever the ttls.
 
-test_heartbeat.py is generated from test_heartbeat_async.py; the sync-only tests, about
-the keeper's thread, are in test_heartbeat_threads.py.
+test_keeper.py is generated from test_keeper_async.py; the sync-only tests, about
+the keeper's thread, are in test_keeper_threads.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 # The source of tests/api/test_keeper.py: tools/async_to_sync.py writes it from this file.
 """The keeper: one statement per tick and database, whatever the ttls.
 
-test_heartbeat.py is generated from test_heartbeat_async.py; the sync-only tests, about
-the keeper's thread, are in test_heartbeat_threads.py.
+test_keeper.py is generated from test_keeper_async.py; the sync-only tests, about
+the keeper's thread, are in test_keeper_threads.py.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ async def test_a_renewal_failure_is_logged_and_retried(
 
 
 if True:  # ASYNC
-    # The keeper's worker: a task here, a thread in test_heartbeat_threads.py.
+    # The keeper's worker: a task here, a thread in test_keeper_threads.py.
 
     async def test_the_keeper_task_ends_with_the_last_lease(aconn: AConn) -> None:
         async with alease(aconn, "sweep", ttl=0.3) as held:

@@ -11,7 +11,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pylease._operations import LeaseRow
+from pylease._operations import PageRow
 from pylease.cli import _metrics as metrics_mod
 from pylease.cli import _render
 from pylease.errors import DatabaseUnavailable
@@ -123,6 +123,34 @@ def test_metrics_names_filter(url: str) -> None:
     assert {name for _metric, name in got if name} == {"job"}
 
 
+def test_metrics_prefix_and_cap_report_what_they_left_out(url: str) -> None:
+    # Names that a LIKE pattern would mistake: the prefix is taken literally.
+    for name in ("t_1", "t_2", "t_3", "t%4", "tx5", "u_6"):
+        ok("claim", name, "--ttl", "1h", "--holder", "h", "--dsn", url)
+
+    def scrape(*args: str) -> tuple[set[str], float]:
+        got = samples(ok("metrics", "--once", *args, "--dsn", url).stdout)
+        named = {name for metric, name in got if name and metric == "pylease_lease_held"}
+        assert named == {name for _metric, name in got if name}, "every series, the same names"
+        return named, got[("pylease_names_omitted", "")]
+
+    assert scrape() == ({"t_1", "t_2", "t_3", "t%4", "tx5", "u_6"}, 0)
+    assert scrape("--prefix", "t_") == ({"t_1", "t_2", "t_3"}, 0)
+    assert scrape("--prefix", "t%") == ({"t%4"}, 0)
+    assert scrape("--prefix", "nothing") == (set(), 0)
+    # The cut keeps the first names by name (in the database's collation, which may
+    # ignore punctuation: these sort alike in any), and counts the others.
+    assert scrape("--prefix", "t_", "--max-names", "2") == ({"t_1", "t_2"}, 1)
+    named, omitted = scrape("--max-names", "4")
+    assert len(named) == 4 and omitted == 2
+    # Patterns filter before the cut: the omitted names are matching ones only.
+    assert scrape("--names", "*_*", "--max-names", "2") == ({"t_1", "t_2"}, 2)
+    named, omitted = scrape("--prefix", "t", "--names", "*[0-9]", "--max-names", "4")
+    assert len(named) == 4 and omitted == 1
+    assert cli("metrics", "--once", "--max-names", "0", "--dsn", url).exit_code == 2
+    assert cli("metrics", "--once", "--prefix", "x" * 201, "--dsn", url).exit_code == 2
+
+
 def test_metrics_needs_one_of_listen_and_once(url: str) -> None:
     assert cli("metrics", "--dsn", url).exit_code == 2
     assert cli("metrics", "--once", "--listen", "127.0.0.1:0", "--dsn", url).exit_code == 2
@@ -178,15 +206,6 @@ def test_metrics_listen_is_scraped_over_http(url: str) -> None:
 
 
 @dataclass(frozen=True)
-class Counted:
-    name: str
-    grants: int
-    takeovers: int
-    steals: int
-    releases: int
-
-
-@dataclass(frozen=True)
 class Event:
     at: datetime
     name: str
@@ -196,21 +215,21 @@ class Event:
     previous_holder: str | None
 
 
-def test_collector_series_and_names_filter() -> None:
+def page_row(name: str, held: bool, fence: int, counted: tuple[int, int, int, int]) -> PageRow:
     now = datetime.now(UTC)
-    rows = [
-        LeaseRow(
-            *("a", "h", 4, now - timedelta(seconds=30), now, now + timedelta(seconds=60)),
-            *(True, "held", timedelta(minutes=1)),
-        ),
-        LeaseRow(
-            *("b", "h", 2, now - timedelta(hours=1), now, now - timedelta(seconds=5)),
-            *(False, "expired", timedelta(minutes=1)),
-        ),
-    ]
-    counters = [Counted("a", 4, 1, 2, 0), Counted("b", 2, 0, 0, 2)]
-    collector = metrics_mod.LeaseCollector(lambda: (rows, counters, now))
-    got = samples(metrics_mod.text(collector))
+    since, until = (now - timedelta(seconds=30), now + timedelta(seconds=60))
+    if not held:
+        since, until = (now - timedelta(hours=1), now - timedelta(seconds=5))
+    state = "held" if held else "expired"
+    return PageRow(
+        *(name, "h", fence, since, now, until, held, state, timedelta(minutes=1)), *counted, 2
+    )
+
+
+def test_collector_series() -> None:
+    rows = [page_row("a", True, 4, (4, 1, 2, 0)), page_row("b", False, 2, (2, 0, 0, 2))]
+    now = rows[0].renewed_at
+    got = samples(metrics_mod.text(metrics_mod.LeaseCollector(lambda: (rows, 0, now))))
     assert got[("pylease_lease_held", "a")] == 1 and got[("pylease_lease_held", "b")] == 0
     assert got[("pylease_lease_expires_in_seconds", "a")] == 60
     assert got[("pylease_lease_held_for_seconds", "a")] == 30
@@ -219,19 +238,28 @@ def test_collector_series_and_names_filter() -> None:
     assert got[("pylease_grants_total", "a")] == 4 and got[("pylease_steals_total", "a")] == 2
     assert got[("pylease_takeovers_total", "a")] == 1
     assert got[("pylease_releases_total", "b")] == 2
-    only = samples(
-        metrics_mod.text(metrics_mod.LeaseCollector(lambda: (rows, counters, now), ["b"]))
-    )
-    assert {name for _metric, name in only if name} == {"b"}
+    assert got[("pylease_names_omitted", "")] == 0
 
     errors: list[Exception] = []
 
     def broken() -> Any:
         raise DatabaseUnavailable("pylease: database unavailable: gone")
 
-    down = samples(metrics_mod.text(metrics_mod.LeaseCollector(broken, (), errors.append)))
+    down = samples(metrics_mod.text(metrics_mod.LeaseCollector(broken, errors.append)))
     assert down == {("pylease_up", ""): 0}
     assert len(errors) == 1
+
+
+def test_select_cuts_after_the_patterns_and_counts_what_it_left_out() -> None:
+    rows = [page_row(f"n{i}", True, 1, (1, 0, 0, 0)) for i in range(5)]
+    # The database's page: cut at max_names already, matching counts the rest.
+    page = [replace(row, matching=9) for row in rows[:3]]
+    assert metrics_mod.select(page, (), 3) == (page, 6)
+    # With patterns, every name of the prefix came back: filtered, then cut.
+    kept, omitted = metrics_mod.select(rows, ["n[1-4]"], 2)
+    assert [r.name for r in kept] == ["n1", "n2"] and omitted == 2
+    assert metrics_mod.select(rows, ["x*"], 2) == ([], 0)
+    assert metrics_mod.select([], (), 2) == ([], 0)
 
 
 def test_history_lines_fit_and_read() -> None:

@@ -446,8 +446,10 @@ def test_an_unreachable_database_stops_the_child_and_exits_75(
     proxy = Proxy(params.get("host", "127.0.0.1"), int(params.get("port", "5432")))
     params.update(host="127.0.0.1", port=str(proxy.port))
     via_proxy = make_conninfo("", **params)
+    # A ttl long enough that the child's trap ends it well before the local expiry,
+    # even on a loaded machine: a SIGKILL at the expiry would add a line of its own.
     proc = start(
-        started, "run", "job", "--ttl", "1s", "--dsn", via_proxy, "--", *child, "trap", str(out)
+        started, "run", "job", "--ttl", "4s", "--dsn", via_proxy, "--", *child, "trap", str(out)
     )
     try:
         wait_for(out, "ready", proc)

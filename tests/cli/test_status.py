@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from pylease._operations import LeaseRow
 from pylease.cli import _render
-from tests.support.cli import ok
+from tests.support.cli import cli, ok
 
 # At 80 columns ----------------------------------------------------------------------
 
@@ -87,6 +87,24 @@ def test_status_json_has_state_and_ttl_in_seconds(url: str) -> None:
     assert rows["a"]["state"] == "held" and rows["a"]["ttl"] == 90
     assert isinstance(rows["a"]["ttl"], float | int)
     assert rows["b"]["state"] == "resting" and rows["b"]["held"] is False
+
+
+def test_status_prefix_lists_the_names_that_start_with_it(url: str) -> None:
+    for name in ("report_a", "report_b", "reportxc", "sweep"):
+        ok("claim", name, "--ttl", "1m", "--holder", "h", "--dsn", url)
+    rows = json.loads(ok("status", "--prefix", "report_", "--json", "--dsn", url).stdout)
+    assert [r["name"] for r in rows] == ["report_a", "report_b"]  # `_` is no wildcard
+    assert set(rows[0]) == {
+        *("name", "holder", "fence", "held", "acquired_at", "renewed_at", "expires_at"),
+        *("state", "ttl"),
+    }
+    lines = ok("status", "--prefix", "report", "--dsn", url).stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["report_a", "report_b", "reportxc"]
+    assert ok("status", "--prefix", "zzz", "--dsn", url).stdout == (
+        "no lease whose name starts with 'zzz'\n"
+    )
+    both = cli("status", "sweep", "--prefix", "s", "--dsn", url)
+    assert both.exit_code == 2 and "NAME or --prefix" in both.stderr
 
 
 def test_status_tells_released_from_expired(url: str) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -16,10 +18,10 @@ import django
 import psycopg
 import pytest
 
-from pylease import exclusive, lease
+from pylease import FOREVER, exclusive, lease
 from pylease.migrate import rollback
 from tests.fixtures.database import _create_db, _drop_db
-from tests.support.leases import status
+from tests.support.leases import status, wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -236,3 +238,60 @@ async def test_alease_on_a_django_connection_in_async_code(db: Conn) -> None:
         return day
 
     assert await report("2026-12-01") == "2026-12-01"
+
+
+# A block that ends inside the caller's transaction (issue 21, item 3) -------------------
+
+
+def test_read_modify_write_jobs_in_atomic_blocks_count_every_job(db: Conn) -> None:
+    """Four jobs, each in transaction.atomic() (as ATOMIC_REQUESTS wraps a view): the
+    block reads and writes the counter; the transaction commits a moment after it."""
+    from django.db import connection, transaction
+
+    db.execute("CREATE TABLE IF NOT EXISTS integ_counter (n int)")
+    db.execute("DELETE FROM integ_counter")
+    db.execute("INSERT INTO integ_counter VALUES (0)")
+    errors: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            with transaction.atomic():
+                with lease(connection, "counter", ttl=60, wait=FOREVER), connection.cursor() as cur:
+                    cur.execute("SELECT n FROM integ_counter")
+                    (n,) = cur.fetchone()
+                    cur.execute("UPDATE integ_counter SET n = %s", (n + 1,))
+                time.sleep(0.2)  # the rest of the view, in the same transaction
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=job) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert db.execute("SELECT n FROM integ_counter").fetchone() == (4,)
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback", "savepoint-rollback"])
+def test_a_lease_is_held_until_the_atomic_block_ends(db: Conn, end: str) -> None:
+    from django.db import connection, transaction
+
+    def held_now() -> bool:
+        return bool((status(db, "in-atomic-end") or {}).get("held"))
+
+    with ExitStack() as outer:
+        if end == "savepoint-rollback":
+            outer.enter_context(transaction.atomic())
+        ends = pytest.raises(Rollback) if end != "commit" else ExitStack()
+        with ends, transaction.atomic():
+            with lease(connection, "in-atomic-end", ttl=60), connection.cursor() as cur:
+                cur.execute("SELECT 1")
+            time.sleep(0.3)
+            assert held_now()
+            if end != "commit":
+                raise Rollback
+        # The writes of the block are committed or gone: the lease follows.
+        assert wait_until(lambda: not held_now())

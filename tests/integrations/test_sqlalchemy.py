@@ -3,6 +3,9 @@ Alembic migration runs it, on a real PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -15,11 +18,11 @@ import sqlalchemy as sa
 import sqlalchemy.ext.asyncio as sa_async
 from sqlalchemy import text
 
-from pylease import InvalidArgument, alease, exclusive, lease, run_exclusive, schema_sql
+from pylease import FOREVER, InvalidArgument, alease, exclusive, lease, run_exclusive, schema_sql
 from pylease import dsn as dsn_mod
 from pylease.migrate import migrate
 from pylease.schema import migration_ids
-from tests.support.leases import status
+from tests.support.leases import status, wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -111,8 +114,10 @@ def test_an_engine_as_the_heartbeat_target_of_a_connection(engine: Any, conn: Co
             sa_conn.execute(text("SELECT pg_sleep(2)"))
             held.check()
         sa_conn.rollback()
+        # Released once the transaction the block ended in has ended (issue 21, item 3).
+        assert wait_until(lambda: not (status(conn, "renewed-via-engine") or {}).get("held"))
     row = status(conn, "renewed-via-engine")
-    assert row is not None and row["renewed_at"] > row["acquired_at"] and not row["held"]
+    assert row is not None and row["renewed_at"] > row["acquired_at"]
 
 
 def test_a_session_is_a_target_through_its_engine(engine: Any, conn: Conn) -> None:
@@ -363,3 +368,109 @@ def test_an_alembic_revision_installs_pylease(empty_dsn: str, tmp_path: Any) -> 
         ).fetchone() == (0,)
         with lease(c, "installed-by-alembic", ttl=30) as held:
             assert held.fence == 1
+
+
+# A block that ends inside the caller's transaction (issue 21, item 3) -------------------
+
+JOBS = 4
+
+
+def _counter(conn: Conn) -> None:
+    conn.execute("CREATE TABLE counter (n int)")
+    conn.execute("INSERT INTO counter VALUES (0)")
+
+
+def _threads(job: Any) -> None:
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            job()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded) for _ in range(JOBS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("through", ["connection", "session"])
+def test_read_modify_write_jobs_in_sqlalchemy_transactions_count_every_job(
+    engine: Any, conn: Conn, through: str
+) -> None:
+    """Each job reads and writes the counter under the lease, in a transaction that
+    commits a moment after the block: the next holder must read what it wrote."""
+    from sqlalchemy.orm import Session
+
+    _counter(conn)
+
+    def body(target: Any, run: Any) -> None:
+        with lease(target, "counter", ttl=60, wait=FOREVER):
+            n = run(text("SELECT n FROM counter")).scalar_one()
+            run(text("UPDATE counter SET n = :n"), {"n": n + 1})
+        time.sleep(0.2)  # more of the transaction's work, after the block
+
+    def job() -> None:
+        if through == "connection":
+            with engine.begin() as sa_conn:
+                body(sa_conn, sa_conn.execute)
+        else:
+            with Session(engine) as session, session.begin():
+                body(session, session.execute)
+
+    _threads(job)
+    assert conn.execute("SELECT n FROM counter").fetchone() == (JOBS,)
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_a_session_lease_is_held_until_the_session_transaction_ends(
+    engine: Any, conn: Conn, end: str
+) -> None:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        session.execute(text("SELECT 1"))
+        with lease(session, "in-session", ttl=60) as held:
+            pass
+        time.sleep(0.3)
+        row = status(conn, "in-session")
+        assert row is not None and row["held"] and row["holder"] == held.holder
+        session.commit() if end == "commit" else session.rollback()
+        assert wait_until(lambda: not (status(conn, "in-session") or {}).get("held"))
+
+
+async def test_an_async_session_lease_is_held_until_its_transaction_commits(
+    aengine: Any, conn: Conn
+) -> None:
+    async with sa_async.AsyncSession(aengine) as session:
+        await session.execute(text("SELECT 1"))
+        async with alease(session, "in-async-session", ttl=60) as held:
+            pass
+        await asyncio.sleep(0.3)
+        row = status(conn, "in-async-session")
+        assert row is not None and row["held"] and row["holder"] == held.holder
+        await session.commit()
+        limit = time.monotonic() + 10
+        while (status(conn, "in-async-session") or {}).get("held") and time.monotonic() < limit:
+            await asyncio.sleep(0.02)
+        assert not (status(conn, "in-async-session") or {}).get("held")
+
+
+async def test_an_async_connection_lease_is_held_until_its_transaction_commits(
+    aengine: Any, conn: Conn
+) -> None:
+    async with aengine.connect() as sa_conn:
+        await sa_conn.execute(text("SELECT 1"))
+        async with alease(sa_conn, "in-async-tx", ttl=60) as held:
+            pass
+        await asyncio.sleep(0.3)
+        row = status(conn, "in-async-tx")
+        assert row is not None and row["held"] and row["holder"] == held.holder
+        await sa_conn.commit()
+        limit = time.monotonic() + 10
+        while (status(conn, "in-async-tx") or {}).get("held") and time.monotonic() < limit:
+            await asyncio.sleep(0.02)
+        assert not (status(conn, "in-async-tx") or {}).get("held")

@@ -1251,6 +1251,37 @@ SCENARIOS += [
 ]
 
 
+SCENARIOS += [
+    (
+        "status_page: the names that start with a prefix, taken literally, first ones "
+        "first, with how many matched",
+        [
+            ("claim", ("t_1", LONG, "h1"), 1),
+            ("claim", ("t_2", LONG, "h2"), 1),
+            ("claim", ("tx3", LONG, "h3"), 1),
+            ("claim", ("u_4", LONG, "h4"), 1),
+            ("release", ("t_2", "h2"), True),
+            ("status_page", ("t_",), [("t_1", "h1", 1, True, 1, 2), ("t_2", "h2", 1, False, 1, 2)]),
+            ("status_page", ("t_", 1), [("t_1", "h1", 1, True, 1, 2)]),
+            (
+                "status_page",
+                ("t", 5),
+                [
+                    ("t_1", "h1", 1, True, 1, 3),
+                    ("t_2", "h2", 1, False, 1, 3),
+                    ("tx3", "h3", 1, True, 1, 3),
+                ],
+            ),
+            ("status_page", ("", 1), [("t_1", "h1", 1, True, 1, 4)]),
+            ("status_page", ("t%",), []),
+            ("status_page", ("v",), []),
+            ("status_page", ("", 0), Raises("pylease: max_rows must be at least 1")),
+            ("status_page", (None,), Raises("pylease: prefix must be a str, not NoneType")),
+        ],
+    ),
+]
+
+
 @pytest.fixture(params=["postgres", "sqlite"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """The same Backend interface on each backend, over a fresh database."""
@@ -1319,6 +1350,8 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         return [(c.name, c.grants, c.takeovers, c.steals, c.releases) for c in result]
     if operation == "status":
         return [(r.name, r.holder, r.fence, r.held) for r in result]
+    if operation == "status_page":
+        return [(r.name, r.holder, r.fence, r.held, r.grants, r.matching) for r in result]
     if operation == "renew_each":
         return [
             (

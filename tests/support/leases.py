@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -13,6 +14,8 @@ DEAD_URL = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
 
 # Generous bounds: the tests check behaviour, never durations.
 DETECT = 5.0
+
+Conn = psycopg.Connection[Any]
 
 
 def claim(conn: psycopg.Connection[Any], name: str, holder: str = "other", ttl: str = "10s") -> Any:
@@ -136,6 +139,27 @@ async def aterminate(conn: AConn, pids: list[int]) -> None:
         await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
+async def afunction_calls(conn: AConn, function: str) -> int:
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    cur = await conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = %s",
+        (function,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def atrack_functions(conn: AConn) -> None:
+    """Count function calls in this database, for connections opened from now on."""
+    dbname = conn.info.dbname
+    await conn.execute(
+        psycopg.sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(
+            psycopg.sql.Identifier(dbname)
+        )
+    )
+
+
 async def asleep_until(predicate: Callable[[], object], timeout: float = DETECT) -> bool:
     """Like wait_until, yielding to the event loop (where the keeper runs)."""
     limit = time.monotonic() + timeout
@@ -144,3 +168,51 @@ async def asleep_until(predicate: Callable[[], object], timeout: float = DETECT)
             return True
         await asyncio.sleep(0.02)
     return bool(predicate())
+
+
+# Workers for the tests written once for both APIs (tools/async_to_sync.py renames
+# astart_worker and ajoin_workers to start_worker and join_workers): a task on the
+# event loop, a thread on the sync side.
+
+BOUND = 60.0
+
+
+class Worker(threading.Thread):
+    """A thread that keeps what its function raised, for join_workers to raise."""
+
+    def __init__(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.args_ = fn, args
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args_)
+        except BaseException as exc:
+            self.error = exc
+
+
+def start_worker(fn: Callable[..., object], *args: Any) -> Worker:
+    worker = Worker(fn, args)
+    worker.start()
+    return worker
+
+
+def join_workers(workers: Iterable[Worker], timeout: float = BOUND) -> None:
+    """Wait for every worker (a liveness bound); raise the first error one raised."""
+    workers = list(workers)
+    limit = time.monotonic() + timeout
+    for worker in workers:
+        worker.join(max(0.0, limit - time.monotonic()))
+    assert not [w for w in workers if w.is_alive()], f"a worker still runs after {timeout} s"
+    for worker in workers:
+        if worker.error is not None:
+            raise worker.error
+
+
+def astart_worker(fn: Callable[..., Awaitable[object]], *args: Any) -> asyncio.Future[Any]:
+    return asyncio.ensure_future(fn(*args))
+
+
+async def ajoin_workers(tasks: Iterable[asyncio.Future[Any]], timeout: float = BOUND) -> None:
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout)
