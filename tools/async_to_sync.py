@@ -63,6 +63,7 @@ PAIRS = [
     ("tests/api/test_exclusive_async.py", "tests/api/test_exclusive.py"),
     ("tests/api/test_waiting_fleet_async.py", "tests/api/test_waiting_fleet.py"),
     ("tests/leader/test_leader_async.py", "tests/leader/test_leader.py"),
+    ("tests/api/test_belief_async.py", "tests/api/test_belief.py"),
     ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
 ]
 
@@ -157,6 +158,9 @@ NAMES = {
     "aclose": "close",
     "astart_worker": "start_worker",
     "ajoin_workers": "join_workers",
+    "afinished_within": "finished_within",
+    "akeep_sampling": "keep_sampling",
+    "aleave": "leave",
     "aclaim": "claim",
     "asteal": "steal",
     "astatus": "status",

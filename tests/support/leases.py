@@ -171,8 +171,8 @@ async def asleep_until(predicate: Callable[[], object], timeout: float = DETECT)
 
 
 # Workers for the tests written once for both APIs (tools/async_to_sync.py renames
-# astart_worker and ajoin_workers to start_worker and join_workers): a task on the
-# event loop, a thread on the sync side.
+# astart_worker, ajoin_workers and afinished_within to their names without the a):
+# a task on the event loop, a thread on the sync side.
 
 BOUND = 60.0
 
@@ -210,9 +210,21 @@ def join_workers(workers: Iterable[Worker], timeout: float = BOUND) -> None:
             raise worker.error
 
 
+def finished_within(worker: Worker, timeout: float) -> bool:
+    """Whether the worker ended within ``timeout`` seconds (it runs on if not)."""
+    worker.join(timeout)
+    return not worker.is_alive()
+
+
 def astart_worker(fn: Callable[..., Awaitable[object]], *args: Any) -> asyncio.Future[Any]:
     return asyncio.ensure_future(fn(*args))
 
 
 async def ajoin_workers(tasks: Iterable[asyncio.Future[Any]], timeout: float = BOUND) -> None:
     await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+
+
+async def afinished_within(task: asyncio.Future[Any], timeout: float) -> bool:
+    """Whether the task ended within ``timeout`` seconds (it runs on if not)."""
+    done, _ = await asyncio.wait([task], timeout=timeout)
+    return bool(done)

@@ -9,6 +9,7 @@ returns.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -155,3 +156,36 @@ def keep_sampling(witness: Witness, held: Any, until: Callable[[], bool], bound:
     for _ in range(5):
         witness.sample(held)
         time.sleep(0.01)
+
+
+async def akeep_sampling(
+    witness: Witness, held: Any, until: Callable[[], bool], bound: float
+) -> None:
+    """:func:`keep_sampling` on the event loop, where the keeper of an ``alease`` runs."""
+    limit = time.monotonic() + bound
+    while time.monotonic() < limit:
+        witness.sample(held)
+        if until():
+            break
+        await asyncio.sleep(0.01)
+    for _ in range(5):
+        witness.sample(held)
+        await asyncio.sleep(0.01)
+
+
+def leave(cm: Any) -> BaseException | None:
+    """Leave a lease block with no exception of the body; what the exit raised."""
+    try:
+        cm.__exit__(None, None, None)
+    except BaseException as exc:
+        return exc
+    return None
+
+
+async def aleave(cm: Any) -> BaseException | None:
+    """:func:`leave` for an ``async with`` block."""
+    try:
+        await cm.__aexit__(None, None, None)
+    except BaseException as exc:
+        return exc
+    return None
