@@ -43,6 +43,7 @@ from pylease._operations import (
     RELEASE_TENURE,
     RENEW,
     RENEW_EACH,
+    RENEW_HELD,
     RENEW_MANY,
     STATUS,
     STATUS_PAGE,
@@ -128,6 +129,25 @@ class Backend:
         name_list, holder_list = _checks.key_lists(names, holders)
         params = (name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
         result: list[Renewal] = self._call(RENEW_EACH, params, None)
+        return result
+
+    def renew_held(
+        self,
+        kinds: Sequence[str],
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """The keeper's renewal across kinds, in one statement: element i is a lease
+        (``kinds[i] == "lease"``) or a holder's slots of a semaphore (``"permit"``),
+        renewed with its own ttl (None: its last one); one Renewal per element, in order.
+
+        :raises InvalidArgument: bad kinds, names, holders or ttls, or lists of unequal length.
+        """
+        name_list, holder_list = _checks.key_lists(names, holders)
+        kind_list = _checks.kinds(kinds, len(name_list))
+        params = (kind_list, name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
+        result: list[Renewal] = self._call(RENEW_HELD, params, None)
         return result
 
     def release(
@@ -369,3 +389,30 @@ def release_tenure(
     except SchemaMissing:
         # A schema missing altogether fails here again.
         return run(give_back_any)
+
+
+def release_kept(
+    run: Callable[[Callable[[Backend], bool]], bool],
+    kind: str,
+    names: Sequence[str],
+    holder: str,
+    fence: int | None,
+    min_hold: timedelta | None = None,
+) -> bool:
+    """Release what a kept ticket holds through ``run``: a lease's tenure (``kind``
+    ``"lease"``, with ``min_hold``), a holder's slots of a semaphore (``"permit"``), or
+    several names (``"names"``: True when every one of them was still ours)."""
+    if kind == "lease":
+        return release_tenure(run, names[0], holder, min_hold, fence)
+    if kind == "permit":
+        name = names[0]
+
+        def slots(b: Backend) -> bool:
+            return b.permit_release(name, holder)
+
+        return run(slots)
+
+    def every(b: Backend) -> bool:
+        return all(released for _, released in b.release_all(names, holder))
+
+    return run(every)

@@ -42,6 +42,7 @@ from pylease._operations import (
     RELEASE_TENURE,
     RENEW,
     RENEW_EACH,
+    RENEW_HELD,
     RENEW_MANY,
     STATUS,
     STATUS_PAGE,
@@ -127,6 +128,25 @@ class AsyncBackend:
         name_list, holder_list = _checks.key_lists(names, holders)
         params = (name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
         result: list[Renewal] = await self._call(RENEW_EACH, params, None)
+        return result
+
+    async def renew_held(
+        self,
+        kinds: Sequence[str],
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """The keeper's renewal across kinds, in one statement: element i is a lease
+        (``kinds[i] == "lease"``) or a holder's slots of a semaphore (``"permit"``),
+        renewed with its own ttl (None: its last one); one Renewal per element, in order.
+
+        :raises InvalidArgument: bad kinds, names, holders or ttls, or lists of unequal length.
+        """
+        name_list, holder_list = _checks.key_lists(names, holders)
+        kind_list = _checks.kinds(kinds, len(name_list))
+        params = (kind_list, name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
+        result: list[Renewal] = await self._call(RENEW_HELD, params, None)
         return result
 
     async def release(
@@ -368,3 +388,30 @@ async def release_tenure(
     except SchemaMissing:
         # A schema missing altogether fails here again.
         return await run(give_back_any)
+
+
+async def release_kept(
+    run: Callable[[Callable[[AsyncBackend], Awaitable[bool]]], Awaitable[bool]],
+    kind: str,
+    names: Sequence[str],
+    holder: str,
+    fence: int | None,
+    min_hold: timedelta | None = None,
+) -> bool:
+    """Release what a kept ticket holds through ``run``: a lease's tenure (``kind``
+    ``"lease"``, with ``min_hold``), a holder's slots of a semaphore (``"permit"``), or
+    several names (``"names"``: True when every one of them was still ours)."""
+    if kind == "lease":
+        return await release_tenure(run, names[0], holder, min_hold, fence)
+    if kind == "permit":
+        name = names[0]
+
+        async def slots(b: AsyncBackend) -> bool:
+            return await b.permit_release(name, holder)
+
+        return await run(slots)
+
+    async def every(b: AsyncBackend) -> bool:
+        return all(released for _, released in await b.release_all(names, holder))
+
+    return await run(every)

@@ -295,3 +295,17 @@ def names(values: object) -> list[str]:
     if len(set(result)) != len(result):
         raise InvalidArgument("pylease: names must not hold a name twice", parameter="names")
     return result
+
+
+KINDS = ("lease", "permit")
+
+
+def kinds(values: object, length: int) -> list[str]:
+    """The kinds of the keeper's renewal: ``"lease"`` or ``"permit"`` per element."""
+    result = _sequence("kinds", values)
+    if len(result) != length or any(v not in KINDS for v in result):
+        raise InvalidArgument(
+            "pylease: kinds must hold 'lease' or 'permit' for each element of names",
+            parameter="kinds",
+        )
+    return result

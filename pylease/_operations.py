@@ -323,6 +323,18 @@ RELEASE_ALL = Operation(
     tuple,
 )
 
+# The keeper's renewal across kinds (contract 5, "the keeper across kinds"): internal,
+# not in the contract. One statement renews the leases and the semaphore slots of a
+# process, each element at its own ttl.
+RENEW_HELD = Operation(
+    "renew_held",
+    GRANT,
+    "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
+    "%s::text[], %s::text[], %s::text[], %s::interval[])",
+    ("kinds", "names", "holders", "ttls"),
+    Renewal,
+)
+
 #: Every operation, in the order of the contract.
 OPERATIONS = (
     CLAIM,
@@ -348,6 +360,7 @@ OPERATIONS = (
     PERMIT_REVOKE,
     CLAIM_ALL,
     RELEASE_ALL,
+    RENEW_HELD,
 )
 
 

@@ -1469,3 +1469,68 @@ def test_scenario(backend: Backend, steps: list[Step]) -> None:
 def test_scenario_titles_are_unique() -> None:
     titles = [title for title, _ in SCENARIOS]
     assert len(titles) == len(set(titles))
+
+
+def _sql(backend: Backend, statement: str, *params: Any) -> None:
+    """A write behind the API's back (the tests own the database), on either backend."""
+    if isinstance(backend, SqliteBackend):
+        backend.conn.execute(statement.replace("%s", "?"), params)
+        backend.conn.commit()
+    else:
+        assert isinstance(backend, PostgresBackend)
+        backend.conn.execute(statement, params)  # type: ignore[arg-type]
+
+
+def test_the_keepers_renewal_covers_every_kind_and_one_loss_fails_no_other(
+    backend: Backend,
+) -> None:
+    """renew_held (pylease_renew_held): leases and a holder's slots in one statement,
+    each at its own ttl, never earlier; a lost element or one of the other kind is that
+    element's False, and the others are renewed."""
+    assert backend.claim("a", DAY, "h1") is not None
+    assert backend.claim("short", LONG, "h1") is not None
+    assert len(backend.permit_claim("sem", 3, DAY, "h1", 2)) == 2
+    assert len(backend.permit_claim("sem", 3, DAY, "h2")) == 1
+    rows = backend.renew_held(
+        ["lease", "permit", "permit", "lease", "permit", "lease"],
+        ["a", "sem", "sem", "sem", "a", "short"],
+        ["h1", "h1", "nobody", "h1", "h1", "h1"],
+        [LONG, LONG, None, None, None, timedelta(seconds=60)],
+    )
+    assert [(r.name, r.renewed) for r in rows] == [
+        ("a", True),
+        ("sem", True),
+        ("sem", False),
+        ("sem", False),  # a lease element of a semaphore's name
+        ("a", False),  # a permit element of a lease's name
+        ("short", True),
+    ]
+    for row in rows:
+        assert (row.expires_at is None) is (row.server_time is None) is (not row.renewed)
+    # Never earlier: a day stays a day; a longer ttl moves the expiry later.
+    assert rows[0].expires_at is not None and rows[0].server_time is not None
+    assert rows[0].expires_at - rows[0].server_time > timedelta(hours=23)
+    assert rows[1].expires_at is not None and rows[1].server_time is not None
+    assert rows[1].expires_at - rows[1].server_time > timedelta(hours=23)
+    assert rows[5].expires_at is not None and rows[5].server_time is not None
+    assert rows[5].expires_at - rows[5].server_time > timedelta(seconds=45)
+    # One slot of h1 taken: its renewal is all or nothing, the lease beside it renews.
+    before = {r.slot: r.renewed_at for r in backend.permit_status("sem")}
+    taken = min(r.slot for r in backend.permit_status("sem") if r.holder == "h1")
+    _sql(
+        backend,
+        "UPDATE pylease_permits SET holder = 'thief' WHERE name = %s AND slot = %s",
+        "sem",
+        taken,
+    )
+    rows = backend.renew_held(
+        ["permit", "lease", "permit"], ["sem", "a", "sem"], ["h1", "h1", "h2"], [None, None, None]
+    )
+    assert [r.renewed for r in rows] == [False, True, True]
+    after = {r.slot: r for r in backend.permit_status("sem")}
+    for slot, row in after.items():
+        if row.holder == "h1":
+            assert row.renewed_at == before[slot]
+    assert backend.renew_held([], [], [], []) == []
+    with pytest.raises(InvalidArgument, match="kinds"):
+        backend.renew_held(["semaphore"], ["a"], ["h1"], [None])

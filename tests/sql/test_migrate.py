@@ -32,6 +32,7 @@ IDS = [
     "pylease-0006-tenures",
     "pylease-0007-edges",
     "pylease-0008-permits",
+    "pylease-0009-keeper",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

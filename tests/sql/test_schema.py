@@ -31,6 +31,7 @@ MIGRATIONS = [
     "pylease-0006-tenures",
     "pylease-0007-edges",
     "pylease-0008-permits",
+    "pylease-0009-keeper",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -56,6 +57,9 @@ FUNCTIONS = (
     "permit_status",
     "permit_set_max",
     "permit_revoke",
+    # Internal (not in the contract), called by the keeper as the application's role:
+    # SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
+    "pylease_renew_held",
 )
 HELPERS = (
     "pylease_check_key",
