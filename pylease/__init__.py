@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     )
     from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
     from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
+    from pylease.permits import leases, permit
+    from pylease.permits_async import aleases, apermit
     from pylease.schema import schema_sql
 
 __version__ = "0.1.0"
@@ -62,6 +64,10 @@ _HOMES = {
     "akeep_fresh": "pylease.leasing_async",
     "alease": "pylease.leasing_async",
     "arun_exclusive": "pylease.leasing_async",
+    "leases": "pylease.permits",
+    "permit": "pylease.permits",
+    "aleases": "pylease.permits_async",
+    "apermit": "pylease.permits_async",
     "schema_sql": "pylease.schema",
 }
 
@@ -102,6 +108,8 @@ __all__ = [
     "akeep_fresh",
     "aleader",
     "alease",
+    "aleases",
+    "apermit",
     "arun_as_leader",
     "arun_exclusive",
     "awatch_leader",
@@ -110,6 +118,8 @@ __all__ = [
     "keep_fresh",
     "leader",
     "lease",
+    "leases",
+    "permit",
     "run_as_leader",
     "run_exclusive",
     "schema_sql",

@@ -11,6 +11,7 @@ protocol of both.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from pylease import _checks
 from pylease._operations import (
     CLAIM,
+    CLAIM_ALL,
     CLAIM_NEW,
     CLAIM_QUEUED,
     CLAIM_QUEUED_LOOKING,
@@ -27,11 +29,20 @@ from pylease._operations import (
     HISTORY,
     HOLDS,
     NEW_TENURE,
+    PERMIT_CLAIM,
+    PERMIT_HOLDS,
+    PERMIT_RELEASE,
+    PERMIT_RENEW,
+    PERMIT_REVOKE,
+    PERMIT_SET_MAX,
+    PERMIT_STATUS,
     PRUNE_HISTORY,
     RELEASE,
+    RELEASE_ALL,
     RELEASE_TENURE,
     RENEW,
     RENEW_EACH,
+    RENEW_HELD,
     RENEW_MANY,
     STATUS,
     STATUS_PAGE,
@@ -43,13 +54,20 @@ from pylease._operations import (
     LeaseRow,
     Operation,
     PageRow,
+    PermitRow,
     Renewal,
 )
-from pylease.errors import SchemaMissing
+from pylease.errors import FenceExhausted, SchemaMissing
 
 
 def _key(name: object) -> str | None:
     return None if name is None else _checks.key("name", name)
+
+
+def _worn(message: str) -> str | None:
+    """The lease an exhausted claim of several names names: ``lease 'x' has used ...``."""
+    found = re.search(r"lease '((?:[^']|'')*)' has used every fence", message)
+    return None if found is None else found.group(1).replace("''", "'")
 
 
 def _span(parameter: str, value: object) -> timedelta | None:
@@ -110,6 +128,25 @@ class AsyncBackend:
         name_list, holder_list = _checks.key_lists(names, holders)
         params = (name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
         result: list[Renewal] = await self._call(RENEW_EACH, params, None)
+        return result
+
+    async def renew_held(
+        self,
+        kinds: Sequence[str],
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """The keeper's renewal across kinds, in one statement: element i is a lease
+        (``kinds[i] == "lease"``) or a holder's slots of a semaphore (``"permit"``),
+        renewed with its own ttl (None: its last one); one Renewal per element, in order.
+
+        :raises InvalidArgument: bad kinds, names, holders or ttls, or lists of unequal length.
+        """
+        name_list, holder_list = _checks.key_lists(names, holders)
+        kind_list = _checks.kinds(kinds, len(name_list))
+        params = (kind_list, name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
+        result: list[Renewal] = await self._call(RENEW_HELD, params, None)
         return result
 
     async def release(
@@ -200,6 +237,89 @@ class AsyncBackend:
         params = (_checks.span("older_than", older_than),)
         return int(await self._call(PRUNE_HISTORY, params, None))
 
+    # Permits (contract 5.1)
+
+    async def permit_claim(
+        self, name: str, max_permits: int, ttl: timedelta, holder: str, permits: int = 1
+    ) -> dict[int, int]:
+        """``permit_claim``: slot -> fence of the ``permits`` slots granted; empty when busy.
+
+        :raises InvalidArgument: bad arguments, another limit than the semaphore's, a lease
+            of that name, or a holder that holds another number of its permits.
+        """
+        limit = _checks.max_permits(max_permits)
+        params = (
+            _checks.key("name", name),
+            limit,
+            _checks.ttl(ttl),
+            _checks.key("holder", holder),
+            _checks.count("permits", permits, limit, "max_permits"),
+        )
+        rows = await self._call(PERMIT_CLAIM, params, name)
+        return {slot: fence for slot, fence in rows}
+
+    async def permit_renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
+        """``permit_renew``: True when every slot of ``holder`` was still its own, and all
+        were extended; False changes nothing."""
+        span = None if ttl is None else _checks.ttl(ttl)
+        params = (_checks.key("name", name), _checks.key("holder", holder), span)
+        return bool(await self._call(PERMIT_RENEW, params, name))
+
+    async def permit_release(self, name: str, holder: str) -> bool:
+        """``permit_release``: True when the slots of ``holder`` were all still its own."""
+        params = (_checks.key("name", name), _checks.key("holder", holder))
+        return bool(await self._call(PERMIT_RELEASE, params, name))
+
+    async def permit_holds(self, name: str, holder: str, fence: int) -> bool:
+        params = (
+            _checks.key("name", name),
+            _checks.key("holder", holder),
+            _checks.fence(fence),
+        )
+        return bool(await self._call(PERMIT_HOLDS, params, name))
+
+    async def permit_status(self, name: str | None = None) -> list[PermitRow]:
+        """``permit_status``: one row per slot ever granted (every semaphore when None)."""
+        result: list[PermitRow] = await self._call(PERMIT_STATUS, (_key(name),), name)
+        return result
+
+    async def permit_set_max(self, name: str, max_permits: int) -> None:
+        """``permit_set_max``: change a semaphore's limit.
+
+        :raises PyleaseError: the role may not (not executable by PUBLIC).
+        """
+        params = (_checks.key("name", name), _checks.max_permits(max_permits))
+        await self._call(PERMIT_SET_MAX, params, name)
+
+    async def permit_revoke(self, name: str, holder: str) -> bool:
+        """``permit_revoke``: free every slot of ``holder``; True if it held any.
+
+        :raises PyleaseError: the role may not (not executable by PUBLIC).
+        """
+        params = (_checks.key("name", name), _checks.key("holder", holder))
+        return bool(await self._call(PERMIT_REVOKE, params, name))
+
+    # Several names (contract 5.3)
+
+    async def claim_all(self, names: Sequence[str], ttl: timedelta, holder: str) -> dict[str, int]:
+        """``lease_claim_all``: name -> fence of every name when all were granted; empty
+        when any is busy."""
+        params = (_checks.names(names), _checks.ttl(ttl), _checks.key("holder", holder))
+        try:
+            rows = await self._call(CLAIM_ALL, params, None)
+        except FenceExhausted as exc:
+            worn = _worn(str(exc))
+            if exc.name is not None or worn is None:
+                raise
+            raise FenceExhausted(str(exc), name=worn) from exc.__cause__
+        return {name: fence for name, fence in rows}
+
+    async def release_all(self, names: Sequence[str], holder: str) -> list[tuple[str, bool]]:
+        """``lease_release_all``: (name, released) per name, in order."""
+        params = (_checks.names(names), _checks.key("holder", holder))
+        result: list[tuple[str, bool]] = await self._call(RELEASE_ALL, params, None)
+        return result
+
     # Waiting (PostgreSQL): the engine of pylease._waiting_async calls these.
 
     async def claim_waiting(
@@ -284,3 +404,30 @@ async def release_tenure(
     except SchemaMissing:
         # A schema missing altogether fails here again.
         return await run(give_back_any, None)
+
+
+async def release_kept(
+    run: Callable[[AsyncReleaseOp, AsyncReleaseOp | None], Awaitable[bool]],
+    kind: str,
+    names: Sequence[str],
+    holder: str,
+    fence: int | None,
+    min_hold: timedelta | None = None,
+) -> bool:
+    """Release what a kept ticket holds through ``run``: a lease's tenure (``kind``
+    ``"lease"``, with ``min_hold``), a holder's slots of a semaphore (``"permit"``), or
+    several names (``"names"``: True when every one of them was still ours)."""
+    if kind == "lease":
+        return await release_tenure(run, names[0], holder, min_hold, fence)
+    if kind == "permit":
+        name = names[0]
+
+        async def slots(b: AsyncBackend) -> bool:
+            return await b.permit_release(name, holder)
+
+        return await run(slots, None)
+
+    async def every(b: AsyncBackend) -> bool:
+        return all(released for _, released in await b.release_all(names, holder))
+
+    return await run(every, None)

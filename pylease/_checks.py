@@ -255,3 +255,57 @@ def since(value: object) -> datetime | timedelta | None:
             )
         return value
     return span("since", value)
+
+
+MAX_PERMITS = 10_000
+MAX_NAMES = 1_000
+
+
+def count(parameter: str, value: object, most: int, most_name: str) -> int:
+    """``max_permits`` or ``permits``: an int from 1 to ``most`` (named ``most_name``)."""
+    if type(value) is int and 1 <= value <= most:
+        return value
+    if value is None:
+        raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(
+            f"pylease: {parameter} must be an int, not {type(value).__name__}",
+            parameter=parameter,
+        )
+    if value < 1:
+        raise InvalidArgument(f"pylease: {parameter} must be at least 1", parameter=parameter)
+    raise InvalidArgument(f"pylease: {parameter} must be at most {most_name}", parameter=parameter)
+
+
+def max_permits(value: object) -> int:
+    """A semaphore's limit: an int from 1 to 10,000."""
+    return count("max_permits", value, MAX_PERMITS, str(MAX_PERMITS))
+
+
+def names(values: object) -> list[str]:
+    """The names of ``claim_all``/``release_all``: 1 to 1,000 distinct names."""
+    result = _sequence("names", values)
+    if not result:
+        raise InvalidArgument("pylease: names must not be empty", parameter="names")
+    if len(result) > MAX_NAMES:
+        raise InvalidArgument(
+            f"pylease: names must hold at most {MAX_NAMES} names", parameter="names"
+        )
+    _all_keys("names", result)
+    if len(set(result)) != len(result):
+        raise InvalidArgument("pylease: names must not hold a name twice", parameter="names")
+    return result
+
+
+KINDS = ("lease", "permit")
+
+
+def kinds(values: object, length: int) -> list[str]:
+    """The kinds of the keeper's renewal: ``"lease"`` or ``"permit"`` per element."""
+    result = _sequence("kinds", values)
+    if len(result) != length or any(v not in KINDS for v in result):
+        raise InvalidArgument(
+            "pylease: kinds must hold 'lease' or 'permit' for each element of names",
+            parameter="kinds",
+        )
+    return result

@@ -38,6 +38,24 @@ def enter(name: str, holder: str) -> None:
         _live.add((name, holder))
 
 
+def enter_all(names: tuple[str, ...], holder: str) -> None:
+    """Record the claims of ``names`` (one claim of several names) by ``holder``, all or
+    none."""
+    entered: list[str] = []
+    try:
+        for name in names:
+            enter(name, holder)
+            entered.append(name)
+    except BaseException:
+        leave_all(tuple(entered), holder)
+        raise
+
+
+def leave_all(names: tuple[str, ...], holder: str) -> None:
+    for name in names:
+        leave(name, holder)
+
+
 def leave(name: str, holder: str) -> None:
     """Forget the claim; nothing if it was not recorded."""
     with _lock:

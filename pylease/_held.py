@@ -71,6 +71,43 @@ class Held:
         return f"<Held {self.name!r} fence={self.fence} holder={self.holder!r} {state}>"
 
 
+class PermitsHeld(Held):
+    """Permits of a semaphore this process holds (contract 5.1).
+
+    :ivar slots: slot -> fence of every slot granted, in slot order: pass a slot's
+        fence to ``permit_holds()`` in fenced writes.
+    :ivar fence: the first slot's fence.
+    """
+
+    def __init__(self, name: str, holder: str, slots: dict[int, int], ticket: Ticket) -> None:
+        self.slots = dict(sorted(slots.items()))
+        super().__init__(name, holder, next(iter(self.slots.values())), ticket)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held"
+        return f"<PermitsHeld {self.name!r} slots={self.slots} holder={self.holder!r} {state}>"
+
+
+class NamesHeld(Held):
+    """Several leases this process holds together, claimed all at once (contract 5.3).
+
+    :ivar names: the names, in the order they were asked for; ``name`` is the first.
+    :ivar fences: name -> fence of each, in that order: pass one to ``lease_holds()``.
+    :ivar fence: the first name's fence.
+    """
+
+    def __init__(
+        self, names: tuple[str, ...], holder: str, fences: dict[str, int], ticket: Ticket
+    ) -> None:
+        self.names = names
+        self.fences = {name: fences[name] for name in names}
+        super().__init__(names[0], holder, self.fences[names[0]], ticket)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held"
+        return f"<NamesHeld fences={self.fences} holder={self.holder!r} {state}>"
+
+
 def callable_option(parameter: str, value: object) -> None:
     if value is not None and not callable(value):
         raise InvalidArgument(f"pylease: {parameter} must be callable", parameter=parameter)

@@ -7,11 +7,12 @@ is a daemon thread.
 
 Leases are grouped by the source their renewals run on (one per database) and by
 the operation that renews them; each tick renews a whole group with ONE statement
-(``lease_renew_each`` for leases), however many it holds, so another kind of
-renewable thing (a semaphore slot, a leader term) is a group of its own, not a
-second keeper. A group ticks every third of its shortest ttl. A failed tick
-(connection dropped, server restarting) is retried with backoff until a lease's
-expiry minus a safety margin; a lease that no renewal could keep by then, or that a
+(:func:`pylease._tenure.renew_leases`: every lease, permit and claim of
+several names of the process on that database), however many it holds; a renewable
+thing with an operation of its own is a group of its own, not a second keeper. A
+group ticks every third of its shortest ttl. A failed tick (connection dropped,
+server restarting) is retried with backoff until a lease's expiry minus a safety
+margin; a lease that no renewal could keep by then, or that a
 renewal answers false for, is lost: its ticket records why, the task running its body
 is cancelled (async, ``cancel_on_lost``), and only then its ``on_lost`` callback runs,
 in a task (a thread) of its own, so a slow or stuck callback never delays a renewal.
@@ -41,11 +42,12 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import Condition, Worker, condition_wait, monotonic, sleep, spawn
-from pylease._backend import Backend, ReleaseOp, release_tenure
+from pylease._backend import Backend, ReleaseOp
 from pylease._caller_tx import GIVE_BACK_WAIT, TX_POLL, WAKE_WAIT, Deferred, take_ended
 from pylease._links import Source
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
+from pylease._tenure import give_back, renew_leases
 from pylease._ticket import LostCallback as LostCallback
 from pylease._ticket import Ticket, notify_lost
 from pylease._ticket import margin as margin
@@ -70,25 +72,6 @@ NOT_OURS = "a renewal found it no longer ours (released, expired and taken, or s
 # How much further the database's clock may advance between two renewals than ours
 # did before the keeper takes it for a step (NTP slews far less than this).
 STEP_TOLERANCE = 0.5
-
-
-def renew_leases(b: Backend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
-    """The renewal of leases: ``lease_renew_each``, each with its own ttl.
-
-    Each row: (name, renewed, seconds granted by the server from its own clock, that
-    clock), the last two None when not renewed.
-    """
-    rows = b.renew_each(
-        [t.name for t in batch], [t.holder for t in batch], [t.renew_ttl for t in batch]
-    )
-    out: list[tuple[Any, ...]] = []
-    for r in rows:
-        if r.renewed and r.expires_at is not None and r.server_time is not None:
-            granted = (r.expires_at - r.server_time).total_seconds()
-            out.append((r.name, True, granted, r.server_time))
-        else:
-            out.append((r.name, r.renewed, None, None))
-    return out
 
 
 def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
@@ -391,12 +374,13 @@ class Keeper:
             # Out of its group; its renewal under way, if any, is answered first.
             self.remove(ticket, source, entry.renew or renew_leases)
             if entry.before_release(verdict):
-                ours = release_tenure(run, name, ticket.holder, entry.min_hold, ticket.fence)
+                ours = give_back(run, ticket, entry.min_hold)
                 entry.after_release(ours)
         except Exception as exc:
             logger.warning("could not release lease %r: %s", name, exc)
         finally:
-            _claims.leave(name, ticket.holder)
+            for each in ticket.names or (name,):
+                _claims.leave(each, ticket.holder)
             if entry.link is not None:
                 entry.link.close()
             if ticket.given_back is not None:

@@ -128,6 +128,26 @@ class LeaseEvent:
     holder: str
     fence: int
     previous_holder: str | None
+    #: The slot of a semaphore's event; None for a lease.
+    slot: int | None = None
+
+
+@dataclass(frozen=True)
+class PermitRow:
+    """One row of ``permit_status``: one slot of a semaphore."""
+
+    name: str
+    max_permits: int
+    slot: int
+    holder: str
+    fence: int
+    acquired_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    held: bool
+    #: ``held``, ``released`` or ``expired`` (its ttl ran out without a release).
+    state: str
+    ttl: timedelta
 
 
 # The operations ----------------------------------------------------------------------
@@ -228,7 +248,7 @@ STATUS_PAGE = Operation(
 HISTORY = Operation(
     "history",
     READ,
-    "SELECT at, name, event, holder, fence, previous_holder FROM lease_history("
+    "SELECT at, name, event, holder, fence, previous_holder, slot FROM lease_history("
     "%s, coalesce(%s::timestamptz, clock_timestamp() - %s::interval), %s)",
     ("name", "since", "since_seconds", "max_rows"),
     LeaseEvent,
@@ -239,6 +259,80 @@ PRUNE_HISTORY = Operation(
     "SELECT lease_prune_history(%s)",
     ("older_than_seconds",),
     COUNT,
+)
+
+
+# Permits (contract 5.1): a semaphore whose slots are fenced leases.
+PERMIT_CLAIM = Operation(
+    "permit_claim",
+    GRANT,
+    "SELECT slot, fence FROM permit_claim(%s, %s::integer, %s, %s, %s::integer)",
+    ("name", "max_permits", "ttl_seconds", "holder", "permits"),
+    tuple,
+)
+PERMIT_RENEW = Operation(
+    "permit_renew",
+    GRANT,
+    "SELECT permit_renew(%s, %s, %s)",
+    ("name", "holder", "ttl_seconds"),
+    FLAG,
+)
+PERMIT_RELEASE = Operation(
+    "permit_release", WRITE, "SELECT permit_release(%s, %s)", ("name", "holder"), FLAG
+)
+PERMIT_HOLDS = Operation(
+    "permit_holds",
+    READ,
+    "SELECT permit_holds(%s, %s, %s)",
+    ("name", "holder", "fence"),
+    FLAG,
+)
+PERMIT_STATUS = Operation(
+    "permit_status",
+    READ,
+    "SELECT name, max_permits, slot, holder, fence, acquired_at, renewed_at, expires_at, held,"
+    " state, ttl FROM permit_status(%s)",
+    ("name",),
+    PermitRow,
+)
+# A lowered limit lost in a crash would grant past it: as durable as a grant.
+PERMIT_SET_MAX = Operation(
+    "permit_set_max",
+    GRANT,
+    "SELECT permit_set_max(%s, %s::integer)",
+    ("name", "max_permits"),
+    VALUE,
+)
+PERMIT_REVOKE = Operation(
+    "permit_revoke", WRITE, "SELECT permit_revoke(%s, %s)", ("name", "holder"), FLAG
+)
+
+# Several names in one claim (contract 5.3).
+CLAIM_ALL = Operation(
+    "claim_all",
+    GRANT,
+    "SELECT name, fence FROM lease_claim_all(%s::text[], %s, %s)",
+    ("names", "ttl_seconds", "holder"),
+    tuple,
+)
+RELEASE_ALL = Operation(
+    "release_all",
+    WRITE,
+    "SELECT name, released FROM lease_release_all(%s::text[], %s)",
+    ("names", "holder"),
+    tuple,
+)
+
+# The keeper's renewal across kinds (contract 5, "the keeper across kinds"): internal,
+# not in the contract. One statement renews the leases and the semaphore slots of a
+# process, each element at its own ttl.
+RENEW_HELD = Operation(
+    "renew_held",
+    GRANT,
+    "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
+    "%s::text[], %s::text[], %s::text[], %s::interval[])",
+    ("kinds", "names", "holders", "ttls"),
+    Renewal,
 )
 
 #: Every operation, in the order of the contract.
@@ -257,6 +351,16 @@ OPERATIONS = (
     STATUS_PAGE,
     HISTORY,
     PRUNE_HISTORY,
+    PERMIT_CLAIM,
+    PERMIT_RENEW,
+    PERMIT_RELEASE,
+    PERMIT_HOLDS,
+    PERMIT_STATUS,
+    PERMIT_SET_MAX,
+    PERMIT_REVOKE,
+    CLAIM_ALL,
+    RELEASE_ALL,
+    RENEW_HELD,
 )
 
 

@@ -72,6 +72,10 @@ class Ticket:
     given_back: Any = None
     # Bumped when a later block in the caller's transaction takes the lease back.
     generation = 0
+    # What the keeper renews: a lease ("lease"), or a holder's slots of a semaphore
+    # ("permit"); a claim of several names renews each of ``names`` (lost when any is).
+    kind = "lease"
+    names: tuple[str, ...] = ()
 
     def __init__(
         self,

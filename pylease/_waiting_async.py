@@ -1,10 +1,11 @@
 # The source of pylease/_waiting.py: tools/async_to_sync.py writes it from this file.
 """The wait engine: how anything that waits for a grant waits.
 
-A wait takes an :class:`Attempt` (today: a claim of one lease) and tries it until it
-is granted or the wait's deadline passes. A busy first attempt queues the waiter on the
-process's listener for the database (:mod:`pylease._hub_async`), which LISTENs before
-the waiter tries again (a release between the two is not missed). The first waiter of
+A wait takes an :class:`Attempt` (a claim of one lease, of permits of a semaphore, of
+several names at once) and tries it until it is granted or the wait's deadline
+passes. A busy first attempt queues the waiter on the process's listener for the
+database (:mod:`pylease._hub_async`), which LISTENs before the waiter tries again (a
+release between the two is not missed). The first waiter of
 a name in the process (the *head*) tries again on every notification naming it, on
 the poll interval and at the holder's expiry; the others wait their turn.
 
@@ -31,6 +32,15 @@ retried with backoff until the wait's deadline, not raised at once. Behind a poo
 in transaction mode, where LISTEN succeeds but nothing is ever delivered, the heads'
 expiry-aware polling is what finds a free lease. SQLite has no NOTIFY: its waiters
 poll, with short sleeps that grow.
+
+Permits and several names wait here too, as attempts. A permit's release NOTIFYs the
+semaphore's name once, however many slots it freed, and a grant of one slot may leave
+others free: a permit waiter that is granted passes its turn on (``passes_on``), so
+the next waiter of its process, and the next process in the queue of waiting
+processes, claims at once; the chain stops at the first busy claim, so each freed slot
+wakes one waiter. A waiter for several names holds none of them while it waits: it
+waits on the name that stood in the way (``follows``), the first busy one in name
+order, and moves to the next one in the way when that is released.
 """
 
 from __future__ import annotations
@@ -39,9 +49,9 @@ import enum
 import inspect
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from pylease import _hub_async as hub
 from pylease._acompat import asleep, monotonic
@@ -50,7 +60,7 @@ from pylease._held import Options, current_holder
 from pylease._hub_async import WAITER_TTL, AsyncWaiter
 from pylease._links_async import AsyncLink
 from pylease._log import claimed as log_claimed
-from pylease._operations import LeaseRow
+from pylease._operations import LeaseRow, PermitRow
 from pylease.errors import DatabaseUnavailable, LeaseBusy, PyleaseError, SchemaMissing
 
 logger = logging.getLogger("pylease")
@@ -87,7 +97,13 @@ class WaitStopped(Exception):
     """The wait's stop was set before it was granted."""
 
 
-class Attempt(Protocol):
+#: What a granted attempt gives: a fence (a lease), slot -> fence (permits), name ->
+#: fence (several names).
+G = TypeVar("G")
+G_co = TypeVar("G_co", covariant=True)
+
+
+class Attempt(Protocol[G_co]):
     """What a wait tries: one primitive's claim, as the engine calls it."""
 
     #: The name whose releases (NOTIFY payloads) wake this wait.
@@ -95,24 +111,33 @@ class Attempt(Protocol):
     #: Who claims, and for how long: what the log of a grant says.
     holder: str
     ttl: timedelta
+    #: A grant may leave more to grant (permits): the next waiter claims at once.
+    passes_on: bool
+    #: A busy attempt always reads what stood in the way, and the wait moves to its
+    #: name (several names: ``name`` becomes the first name in the way).
+    follows: bool
 
-    async def claim(self, b: AsyncBackend) -> int | None:
-        """A plain attempt: the grant (a fence), or None when busy."""
+    async def claim(self, b: AsyncBackend) -> G_co | None:
+        """A plain attempt: the grant, or None when busy."""
 
     async def claim_waiting(
         self, b: AsyncBackend, *, status: bool, queued_as: str | None
-    ) -> tuple[int | None, list[LeaseRow] | None]:
-        """A waiter's attempt in one statement: (grant, None), or (None, the status
-        rows when ``status``, else None)."""
+    ) -> tuple[G_co | None, list[Any] | None]:
+        """A waiter's attempt in one statement where the SQL has one: (grant, None), or
+        (None, the status rows when ``status``, else None)."""
 
-    async def status(self, b: AsyncBackend) -> list[LeaseRow]:
-        """What stands in the way: the status rows of the name."""
+    async def status(self, b: AsyncBackend) -> list[Any]:
+        """What stands in the way: status rows (``held``, ``holder``, ``expires_at``),
+        the first held one the earliest to free."""
 
 
 class LeaseClaim:
     """The attempt of a lease: ``lease_claim(name, ttl, holder)``; with ``new``,
     ``lease_claim_new``, for a holder the caller chose (see
     :data:`pylease._operations.CLAIM_NEW`)."""
+
+    passes_on = False
+    follows = False
 
     def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
         self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
@@ -131,6 +156,88 @@ class LeaseClaim:
 
     async def status(self, b: AsyncBackend) -> list[LeaseRow]:
         return await b.status(self.name)
+
+
+class PermitClaim:
+    """The attempt of permits: ``permit_claim(name, max_permits, ttl, holder, permits)``.
+
+    No one-statement waiting form: a waiter's attempt is the plain claim, and the
+    status a second statement when asked for (the busy claim still writes nothing).
+    """
+
+    passes_on = True
+    follows = False
+
+    def __init__(
+        self, name: str, max_permits: int, ttl: timedelta, holder: str, permits: int
+    ) -> None:
+        self.name, self.ttl, self.holder = name, ttl, holder
+        self.max_permits, self.permits = max_permits, permits
+
+    async def claim(self, b: AsyncBackend) -> dict[int, int] | None:
+        slots = await b.permit_claim(
+            self.name, self.max_permits, self.ttl, self.holder, self.permits
+        )
+        return slots or None
+
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[dict[int, int] | None, list[Any] | None]:
+        slots = await self.claim(b)
+        if slots is not None or not status:
+            return slots, None
+        return None, await self.status(b)
+
+    async def status(self, b: AsyncBackend) -> list[PermitRow]:
+        """The held slots, the first to expire first: a waiter wakes at that expiry."""
+        rows = await b.permit_status(self.name)
+        return sorted((r for r in rows if r.held), key=lambda r: r.expires_at)
+
+
+class ClaimAll:
+    """The attempt of several names at once: ``lease_claim_all(names, ttl, holder)``.
+
+    It waits on the first name in the way, in name order (``name``), holding none of
+    them meanwhile; no one-statement waiting form, as :class:`PermitClaim`.
+    """
+
+    passes_on = False
+    follows = True
+
+    def __init__(self, names: Sequence[str], ttl: timedelta, holder: str) -> None:
+        self.names = list(names)
+        self.order = sorted(self.names)
+        self.name, self.ttl, self.holder = self.order[0], ttl, holder
+
+    async def claim(self, b: AsyncBackend) -> dict[str, int] | None:
+        fences = await b.claim_all(self.names, self.ttl, self.holder)
+        return fences or None
+
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[dict[str, int] | None, list[Any] | None]:
+        fences = await self.claim(b)
+        if fences is not None:
+            return fences, None
+        return None, await self.status(b)
+
+    async def status(self, b: AsyncBackend) -> list[LeaseRow]:
+        """The status of the first name held by another holder, in name order (the wait
+        then follows it); none when every name is free by now."""
+        for name in self.order:
+            rows = await b.status(name)
+            if any(r.held and r.holder != self.holder for r in rows):
+                self.name = name
+                return rows
+        return []
+
+
+def fence_of(grant: object) -> int:
+    """The fence a grant is logged with: a lease's, or the first of several."""
+    if isinstance(grant, Mapping):
+        return int(next(iter(grant.values())))
+    assert isinstance(grant, int)
+    return grant
 
 
 def next_pause(
@@ -196,13 +303,13 @@ class _Turn(enum.Enum):
     AGAIN = "again"
 
 
-class AsyncWait:
+class AsyncWait(Generic[G]):
     """One wait for a grant, in steps: the loop of :func:`acquire`."""
 
     def __init__(
         self,
         link_: AsyncLink,
-        attempt: Attempt,
+        attempt: Attempt[G],
         opts: Options,
         *,
         want_holder: bool,
@@ -224,8 +331,8 @@ class AsyncWait:
         self.status_at = float("-inf")
         self.skipped = False
 
-    async def run(self) -> tuple[int, float]:
-        """(fence, monotonic time its claim was sent); raises LeaseBusy at the deadline."""
+    async def run(self) -> tuple[G, float]:
+        """(grant, monotonic time its claim was sent); raises LeaseBusy at the deadline."""
         name = self.attempt.name
         conninfo = None if self.link.sqlite or self.opts.wait <= 0 else self.link.listen_conninfo
         seen = None if conninfo is None else hub.mark(conninfo)
@@ -234,28 +341,54 @@ class AsyncWait:
             return self._granted(fence)
         if self.opts.wait <= 0:
             await self._busy_at_once()
+        free = False
+        if self.attempt.follows:
+            # Wait on the name in the way from the start (the mark was taken before the
+            # claim, so a release meanwhile is not missed).
+            rows = await self.link.run(self.attempt.status, name=name)
+            self.current, self.expires_at = current_holder(rows)
+            self.status_at, free = self.sent_at, not rows
         if conninfo is not None:
-            self.waiter, self.retry = await hub.enter(conninfo, name, seen)
+            self.waiter, self.retry = await hub.enter(conninfo, self.attempt.name, seen)
+            self.retry = self.retry or free
         try:
             while True:
                 if self.stop is not None and self.stop.is_set():
                     raise WaitStopped(name)
                 turn = await self._turn()
-                if isinstance(turn, int):
+                if not isinstance(turn, _Turn):
                     return self._granted(turn)
+                if self.attempt.follows:
+                    await self._follow()
                 if turn is _Turn.BUSY and not self._past_deadline():
                     await self._pause()
         finally:
             if self.waiter is not None:
-                await leave_queue(self.link, self.waiter, granted=self.granted)
-                hub.leave(self.waiter, granted=self.granted)
+                # A grant that may leave more to grant passes the turn on, as a wait
+                # that gives up does: the next waiter claims at once.
+                done = self.granted and not self.attempt.passes_on
+                await leave_queue(self.link, self.waiter, granted=done)
+                hub.leave(self.waiter, granted=done)
 
-    def _granted(self, fence: int) -> tuple[int, float]:
+    def _granted(self, grant: G) -> tuple[G, float]:
         self.granted = True
         waited = self.sent_at - self.start
         attempt = self.attempt
+        fence = fence_of(grant)
         log_claimed(attempt.name, attempt.holder, fence, attempt.ttl.total_seconds(), waited)
-        return fence, self.sent_at
+        return grant, self.sent_at
+
+    async def _follow(self) -> None:
+        """Wait on the name now in the way (several names), claiming once more there: a
+        release of it may have come before this waiter was in its queue."""
+        waiter = self.waiter
+        if waiter is None or waiter.name == self.attempt.name:
+            return
+        self.waiter = None
+        await leave_queue(self.link, waiter, granted=False)
+        hub.leave(waiter, granted=False)
+        self.waiter, _ = await hub.enter(waiter.hub.conninfo, self.attempt.name, None)
+        self.retry = True
 
     async def _busy_at_once(self) -> None:
         """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
@@ -266,7 +399,7 @@ class AsyncWait:
             await self._report(rows)
         raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0, claimer=self.attempt.holder)
 
-    async def _turn(self) -> int | _Turn:
+    async def _turn(self) -> G | _Turn:
         """Queue the process and attempt, as due; an outage is ridden out here."""
         waiter = self.waiter
         head = waiter is None or waiter.head
@@ -296,17 +429,18 @@ class AsyncWait:
         self.outage = FIRST_OUTAGE
         return _Turn.BUSY if fence is None else fence
 
-    async def _attempt(self, head: bool) -> int | None:
+    async def _attempt(self, head: bool) -> G | None:
         """One attempt; busy, it reads what stands in the way when that is due."""
         waiter, name = self.waiter, self.attempt.name
         self.sent_at = monotonic()
         look = (
-            self.on_busy is not None
+            self.attempt.follows
+            or self.on_busy is not None
             or (self.want_holder and self.sent_at >= self.deadline)
             or (head and (waiter is None or status_due(self.status_at, self.expires_at)))
         )
         self.skipped = head and not look
-        rows: list[LeaseRow] | None = None
+        rows: list[Any] | None = None
         if waiter is None:
             fence = await self.link.run(self.attempt.claim, name=name, retry=True)
         else:
@@ -324,7 +458,7 @@ class AsyncWait:
             await self._report(rows)
         return None
 
-    async def _report(self, rows: list[LeaseRow]) -> None:
+    async def _report(self, rows: list[Any]) -> None:
         """Show ``on_busy`` the row that stood in the way (None if it vanished)."""
         if self.on_busy is None:
             return
@@ -338,17 +472,17 @@ class AsyncWait:
 
     async def _claim_waiting(
         self, waiter: AsyncWaiter, look: bool
-    ) -> tuple[int | None, list[LeaseRow] | None]:
+    ) -> tuple[G | None, list[Any] | None]:
         """A waiter's attempt in one statement (see the module's docstring)."""
         queued_as = None if waiter.db_head is None else waiter.hub.token
 
-        async def attempt(b: AsyncBackend) -> tuple[int | None, list[LeaseRow] | None]:
+        async def attempt(b: AsyncBackend) -> tuple[G | None, list[Any] | None]:
             return await self.attempt.claim_waiting(b, status=look, queued_as=queued_as)
 
-        fence, rows = await self.link.run(attempt, name=self.attempt.name, retry=True)
-        if fence is not None and queued_as is not None:
-            waiter.left = True
-        return fence, rows
+        grant, rows = await self.link.run(attempt, name=self.attempt.name, retry=True)
+        if grant is not None and queued_as is not None and isinstance(self.attempt, LeaseClaim):
+            waiter.left = True  # the claim's own statement left the queue (lease_unwait)
+        return grant, rows
 
     def _past_deadline(self) -> bool:
         """True when one last attempt is due; raises LeaseBusy after it."""
@@ -438,4 +572,16 @@ async def acquire(
     # A holder the caller chose may be another process's too: claim a new tenure.
     attempt = LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
     wait = AsyncWait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
+    return await wait.run()
+
+
+async def acquire_with(
+    link_: AsyncLink, attempt: Attempt[G], opts: Options, *, want_holder: bool = True
+) -> tuple[G, float]:
+    """Run ``attempt`` (permits, several names), waiting as ``opts`` allow: (grant,
+    monotonic time its claim was sent).
+
+    :raises LeaseBusy: the wait ran out.
+    """
+    wait = AsyncWait(link_, attempt, opts, want_holder=want_holder, on_busy=None)
     return await wait.run()

@@ -25,13 +25,11 @@ from typing import Any, TypeVar
 
 from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
-from pylease._backend_async import AsyncBackend, AsyncReleaseOp, release_tenure
 from pylease._caller_tx import Deferred
 from pylease._held import Held as Held
 from pylease._held import (
     Options,
     bool_option,
-    describe_loss,
     end_keep_fresh,
     finish,
     keep_fresh_options,
@@ -39,11 +37,11 @@ from pylease._held import (
 )
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
-from pylease._keeper_async import NOT_OURS, keeper, renew_leases, settle
+from pylease._keeper_async import NOT_OURS, keeper, settle
 from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
-from pylease._log import released as log_released
 from pylease._log import text as error_text
+from pylease._tenure_async import loss_cause, release, renew_leases
 from pylease._ticket import AsyncTicket, abandon, inherited, notify_lost
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease._waiting_async import Stop, acquire
@@ -55,44 +53,17 @@ T = TypeVar("T")
 AsyncLostCallback = Callable[[LeaseLost], object]
 
 
-async def release(
-    link_: AsyncLink, ticket: AsyncTicket, min_hold: timedelta | None
-) -> tuple[bool | None, Exception | None]:
-    """Give the lease back: (was it still ours, None if unknown; what went wrong)."""
-    name, holder = ticket.name, ticket.holder
-
-    async def run(op: AsyncReleaseOp, again: AsyncReleaseOp | None) -> bool:
-        return await link_.run_release(op, name=name, again=again)
-
-    try:
-        ours = await release_tenure(run, name, holder, min_hold, ticket.fence)
-    except Exception as exc:
-        return None, exc
-    log_released(name, holder, ticket.fence, ours)
-    return ours, None
-
-
-async def loss_cause(link_: AsyncLink, ticket: AsyncTicket) -> str | None:
-    """What the database says became of a lease we lost; None if it cannot say.
-
-    Asked only once the block is over and the lease was lost, so it costs nothing
-    on the way and never delays the loss being known.
-    """
-    name = ticket.name
-
-    async def look(b: AsyncBackend) -> str | None:
-        rows = await b.status(name)
-        events = await b.history(name, None, 1)
-        return describe_loss(ticket, rows[0] if rows else None, events[0] if events else None)
-
-    try:
-        return await link_.run(look, name=name, urgent=True)
-    except Exception:
-        return None  # the loss is the story; its detail is a courtesy
-
-
 class AsyncLease:
-    """The context manager :func:`alease` returns; single use."""
+    """The context manager :func:`alease` returns; single use.
+
+    Permits and several names (:mod:`pylease.permits_async`) are blocks of this kind
+    too: they change what is claimed, held and released (the methods ``_names``,
+    ``_claim``, ``_made``, ``_release`` and ``_loss_cause``), and the rest is this.
+    """
+
+    # A later block of the name in the caller's transaction may take a deferred lease
+    # back; permits and several names are kept for the transaction, never taken back.
+    _adoptable = True
 
     def __init__(
         self,
@@ -124,37 +95,30 @@ class AsyncLease:
             assert self._held is not None
             return self._held
         holder = opts.holder or default_holder()
+        names = self._names()
         # Before any I/O: one holder names one claim (a second live lease of this name
         # with this holder would share the fence and be released under the first).
-        _claims.enter(opts.name, holder)
+        _claims.enter_all(names, holder)
         try:
             self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         except BaseException:
-            _claims.leave(opts.name, holder)
+            _claims.leave_all(names, holder)
             raise
         try:
-            fence, sent_at = await acquire(
-                link_,
-                opts,
-                holder,
-                want_holder=self.want_holder,
-                on_busy=self.on_busy,
-                stop=self.stop,
-            )
+            grant, sent_at = await self._claim(link_, holder)
         except BaseException:
             self._link = None
-            _claims.leave(opts.name, holder)
+            _claims.leave_all(names, holder)
             await link_.close()
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
-        ticket.fence = fence
+        held = self._made(ticket, grant)
         if True:  # ASYNC
             if opts.cancel_on_lost:
                 ticket.task = asyncio.current_task()
                 if ticket.task is not None:
                     self._cancelling = ticket.task.cancelling()
         self._ticket = ticket
-        held = Held(opts.name, holder, fence, ticket)
         # Once neither this context manager nor the Held is reachable (the Held is
         # reachable from here), nobody can leave the block: the keeper stops renewing
         # and releases at once (issue 10, defect 8; issue 21, item 15).
@@ -204,9 +168,9 @@ class AsyncLease:
             released, trouble = await release(link_, ticket, self._opts.min_hold)
             cause = None
             if trouble is None and (released is False or ticket.error() is not None):
-                cause = await loss_cause(link_, ticket)
+                cause = await self._loss_cause(link_, ticket)
         finally:
-            _claims.leave(ticket.name, ticket.holder)
+            _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
             await link_.close()
         if True:  # ASYNC
             if outside_cancel and exc is None:
@@ -223,6 +187,29 @@ class AsyncLease:
                     )
                 raise error from exc
         finish(ticket, exc, released, trouble, cause)
+
+    def _names(self) -> tuple[str, ...]:
+        """The names this block claims, for the claims of this process."""
+        return (self._opts.name,)
+
+    async def _claim(self, link_: AsyncLink, holder: str) -> tuple[Any, float]:
+        """Claim, waiting as allowed: (grant, monotonic time its claim was sent)."""
+        return await acquire(
+            link_,
+            self._opts,
+            holder,
+            want_holder=self.want_holder,
+            on_busy=self.on_busy,
+            stop=self.stop,
+        )
+
+    def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
+        """The Held of a grant, and what its ticket keeps."""
+        ticket.fence = grant
+        return Held(self._opts.name, ticket.holder, grant, ticket)
+
+    async def _loss_cause(self, link_: AsyncLink, ticket: AsyncTicket) -> str | None:
+        return await loss_cause(link_, ticket)
 
     async def _defer(self, link_: AsyncLink, ticket: AsyncTicket, exc: object) -> bool:
         """If the block ends inside the caller's open transaction, keep the lease
@@ -251,7 +238,7 @@ class AsyncLease:
                     notify_lost(ticket, NOT_OURS)
                     return False
                 ticket.renewed(sent_at, rows[0][2])
-        owner = _caller_tx.owner(self._target)
+        owner = _caller_tx.owner(self._target) if self._adoptable else None
         min_hold = self._opts.min_hold
         await keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
         return True
@@ -260,7 +247,7 @@ class AsyncLease:
         """Continue the tenure of an earlier block of this name that ended in the
         caller's transaction still open (or just ended) on the same connection: held
         since, it could not be granted again before that transaction ends."""
-        owner = _caller_tx.owner(self._target)
+        owner = _caller_tx.owner(self._target) if self._adoptable else None
         if owner is None:
             return False
         entry = await keeper().adopt(self._opts.name, self._opts.holder, owner)

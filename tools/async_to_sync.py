@@ -51,9 +51,11 @@ PAIRS = [
     ("pylease/_hub_async.py", "pylease/_hub.py"),
     ("pylease/_waiting_async.py", "pylease/_waiting.py"),
     ("pylease/_keeper_async.py", "pylease/_keeper.py"),
+    ("pylease/_tenure_async.py", "pylease/_tenure.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
     ("pylease/_standby_async.py", "pylease/_standby.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
+    ("pylease/permits_async.py", "pylease/permits.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
@@ -62,6 +64,7 @@ PAIRS = [
     ("tests/api/test_waiting_fleet_async.py", "tests/api/test_waiting_fleet.py"),
     ("tests/leader/test_leader_async.py", "tests/leader/test_leader.py"),
     ("tests/api/test_belief_async.py", "tests/api/test_belief.py"),
+    ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
 ]
 
 NAMES = {
@@ -72,10 +75,17 @@ NAMES = {
     "leasing_async": "leasing",
     "_waiting_async": "_waiting",
     "_hub_async": "_hub",
+    "_tenure_async": "_tenure",
     # the public API
     "alease": "lease",
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
+    # permits and several names
+    "permits_async": "permits",
+    "apermit": "permit",
+    "aleases": "leases",
+    "AsyncPermit": "Permit",
+    "AsyncNames": "Names",
     "AsyncLostCallback": "LostCallback",
     "AsyncTarget": "Target",
     # leader election

@@ -18,10 +18,10 @@ from pylease._backend import Backend
 from pylease._backend_async import AsyncBackend
 from pylease._operations import COUNT, FLAG, GRANT, READ, VALUE, Operation, Renewal
 from pylease._resources import data_dir
-from pylease.errors import DatabaseUnavailable, InvalidArgument
+from pylease.errors import DatabaseUnavailable, FenceExhausted, InvalidArgument
 from pylease.sqlite._connection import DEFAULT_BUSY_TIMEOUT
 from pylease.sqlite._errors import _errors, _where
-from pylease.sqlite._migrator import _SHARED_LOCK
+from pylease.sqlite._migrator import _SHARED_LOCK, _statements
 
 #: The operations' names, each the file ``sql/sqlite/<name>.sql``.
 OPERATIONS = tuple(op.name for op in _operations.OPERATIONS)
@@ -31,9 +31,18 @@ HISTORY_SETTINGS = ("rare", "all", "none")
 
 
 @functools.cache
-def _sql(operation: str) -> str:
-    """The statement of ``sql/sqlite/<operation>.sql``, exactly as other languages run it."""
-    return (data_dir("sql", "sqlite") / f"{operation}.sql").read_text(encoding="utf-8")
+def _sql(operation: str) -> tuple[str, ...]:
+    """The statements of ``sql/sqlite/<operation>.sql``, exactly as other languages run them:
+    in order, in one transaction, with the same parameters; the last one answers."""
+    script = (data_dir("sql", "sqlite") / f"{operation}.sql").read_text(encoding="utf-8")
+    return tuple(_statements(script))
+
+
+def _run(conn: sqlite3.Connection, operation: str, params: Mapping[str, Any]) -> list[Any]:
+    *checks, answer = _sql(operation)
+    for statement in checks:
+        conn.execute(statement, params)
+    return conn.execute(answer, params).fetchall()
 
 
 # Backends --------------------------------------------------------------------
@@ -79,7 +88,7 @@ class SqliteBackend(Backend):
     ) -> list[Any]:
         with self._session(name) as conn:
             if conn.in_transaction:
-                return conn.execute(_sql(operation), params).fetchall()
+                return _run(conn, operation, params)
             restore: int | None = None
             if not durable:
                 level = int(conn.execute("PRAGMA synchronous").fetchone()[0])
@@ -89,7 +98,7 @@ class SqliteBackend(Backend):
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    rows = conn.execute(_sql(operation), params).fetchall()
+                    rows = _run(conn, operation, params)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -102,7 +111,7 @@ class SqliteBackend(Backend):
 
     def _read(self, operation: str, params: Mapping[str, Any], name: str | None) -> list[Any]:
         with self._session(name) as conn:
-            return conn.execute(_sql(operation), params).fetchall()
+            return _run(conn, operation, params)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -126,6 +135,9 @@ class SqliteBackend(Backend):
         special = _SPECIAL.get(op.name)
         if special is not None:
             return special(self, op, params)
+        return self._plain(op, params, name)
+
+    def _plain(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
         named = _named(op, params)
         if op.kind is READ:
             rows = self._read(op.name, named, name)
@@ -265,10 +277,74 @@ def _renewals(
     return result
 
 
+def _released_all(
+    backend: SqliteBackend, op: Operation, params: tuple[Any, ...]
+) -> list[tuple[str, bool]]:
+    """``release_all``: the file answers only for the leases given back; the backends
+    answer for each name, in order."""
+    names = params[0]
+    freed = {row[0] for row in backend._write(op.name, _named(op, params), None, durable=False)}
+    return [(n, n in freed) for n in names]
+
+
+def _released_permits(backend: SqliteBackend, op: Operation, params: tuple[Any, ...]) -> bool:
+    """``permit_release``: the file answers one row per slot freed, with the number of
+    slots its holder was granted; the release was whole when each equals the count."""
+    rows = backend._write(op.name, _named(op, params), params[0], durable=False)
+    return bool(rows) and all(row[0] == len(rows) for row in rows)
+
+
+# The trigger's message is a literal: the limits come from the call and the file.
+_OTHER_LIMIT = "pylease: max_permits differs from the limit of this semaphore"
+
+
+def _claimed_permits(backend: SqliteBackend, op: Operation, params: tuple[Any, ...]) -> Any:
+    """``permit_claim``: a claim naming another limit is told both, as on PostgreSQL."""
+    name, asked = params[0], params[1]
+    try:
+        return backend._plain(op, params, name)
+    except InvalidArgument as exc:
+        if str(exc) != _OTHER_LIMIT:
+            raise
+        with backend._session(name) as conn:
+            row = conn.execute(
+                "SELECT max_permits FROM pylease_names WHERE name = ?", (name,)
+            ).fetchone()
+        stored = "another" if row is None else row[0]
+        raise InvalidArgument(
+            f"pylease: max_permits {asked} differs from the limit {stored} of this semaphore",
+            parameter="max_permits",
+            name=name,
+        ) from exc
+
+
+def _claimed_all(backend: SqliteBackend, op: Operation, params: tuple[Any, ...]) -> Any:
+    """``claim_all``: a name whose fences are exhausted is named, as on PostgreSQL."""
+    try:
+        return backend._plain(op, params, None)
+    except FenceExhausted as exc:
+        with backend._session(None) as conn:
+            row = conn.execute(
+                "SELECT min(name) FROM pylease_leases WHERE fence = 9223372036854775807"
+                " AND name IN (SELECT value FROM json_each(?))",
+                (_json(params[0]),),
+            ).fetchone()
+        if row is None or row[0] is None:
+            raise
+        raise FenceExhausted(
+            f"pylease: lease {row[0]!r} has used every fence (2^63-1): it cannot be granted again",
+            name=row[0],
+        ) from exc.__cause__
+
+
 # The operations whose SQLite file answers otherwise than the PostgreSQL function.
 _SPECIAL: dict[str, Callable[[SqliteBackend, Operation, tuple[Any, ...]], Any]] = {
     "renew_many": _renewals,
     "renew_each": _renewals,
+    "release_all": _released_all,
+    "permit_release": _released_permits,
+    "permit_claim": _claimed_permits,
+    "claim_all": _claimed_all,
 }
 
 

@@ -8,8 +8,9 @@
 --   :since_seconds  REAL or NULL: only events at most this long ago (SQLite's clock)
 --   :max_rows       INTEGER, 1 to 10000 (check it yourself)
 -- Result: rows (at REAL unix seconds, name TEXT, event TEXT, holder TEXT,
--- fence INTEGER, previous_holder TEXT or NULL).
-SELECT at, name, event, holder, fence, previous_holder
+-- fence INTEGER, previous_holder TEXT or NULL, slot INTEGER: a semaphore's slot,
+-- NULL for a lease).
+SELECT at, name, event, holder, fence, previous_holder, slot
   FROM pylease_events
  WHERE (:name IS NULL OR name = :name)
    AND at >= coalesce(:since,

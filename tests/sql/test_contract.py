@@ -127,12 +127,35 @@ SIGNATURES = {
         "name text DEFAULT NULL::text, since timestamp with time zone DEFAULT NULL::timestamp"
         " with time zone, max_rows integer DEFAULT 100",
         "TABLE(at timestamp with time zone, name text, event text, holder text, fence bigint,"
-        " previous_holder text)",
+        " previous_holder text, slot integer)",
     ),
     "lease_prune_history": ("older_than interval", "bigint"),
     # 0005: the queue of waiting processes (issue 13).
     "lease_wait": ("name text, waiter text, ttl interval", "boolean"),
     "lease_unwait": ("name text, waiter text, granted boolean DEFAULT false", "boolean"),
+    # 0008: permits and several names at once (contract 5.1 and 5.3).
+    "lease_claim_all": (
+        "names text[], ttl interval, holder text",
+        "TABLE(name text, fence bigint)",
+    ),
+    "lease_release_all": ("names text[], holder text", "TABLE(name text, released boolean)"),
+}
+PERMIT_SIGNATURES = {
+    "permit_claim": (
+        "name text, max_permits integer, ttl interval, holder text, permits integer DEFAULT 1",
+        "TABLE(slot integer, fence bigint)",
+    ),
+    "permit_renew": ("name text, holder text, ttl interval DEFAULT NULL::interval", "boolean"),
+    "permit_release": ("name text, holder text", "boolean"),
+    "permit_holds": ("name text, holder text, fence bigint", "boolean"),
+    "permit_status": (
+        "name text DEFAULT NULL::text",
+        "TABLE(name text, max_permits integer, slot integer, holder text, fence bigint,"
+        " acquired_at timestamp with time zone, renewed_at timestamp with time zone,"
+        " expires_at timestamp with time zone, held boolean, state text, ttl interval)",
+    ),
+    "permit_set_max": ("name text, max_permits integer", "void"),
+    "permit_revoke": ("name text, holder text", "boolean"),
 }
 # Overloads, beside the signature above: another number of arguments, no DEFAULT
 # that would make a shorter call ambiguous.
@@ -147,10 +170,12 @@ def test_every_function_has_the_contract_signature(conn: Conn) -> None:
     for name, args, result in conn.execute(
         "SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)"
         "  FROM pg_proc AS p WHERE p.pronamespace = 'public'::regnamespace"
-        "   AND p.proname LIKE 'lease\\_%'"
+        "   AND (p.proname LIKE 'lease\\_%' OR p.proname LIKE 'permit\\_%')"
     ):
         found.setdefault(name, set()).add((args, result))
-    expected = {name: {signature} for name, signature in SIGNATURES.items()}
+    expected = {
+        name: {signature} for name, signature in {**SIGNATURES, **PERMIT_SIGNATURES}.items()
+    }
     for name, signature in OVERLOADS.items():
         expected[name].add(signature)
     assert found == expected

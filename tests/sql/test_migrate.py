@@ -31,6 +31,8 @@ IDS = [
     "pylease-0005-waiters",
     "pylease-0006-tenures",
     "pylease-0007-edges",
+    "pylease-0008-permits",
+    "pylease-0009-keeper",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
@@ -156,6 +158,8 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "_yoyo_version",
         "pylease_events",
         "pylease_leases",
+        "pylease_names",
+        "pylease_permits",
         "pylease_waiters",
     ]
     # Independent of the copy in public that the test database already has.

@@ -30,6 +30,8 @@ MIGRATIONS = [
     "pylease-0005-waiters",
     "pylease-0006-tenures",
     "pylease-0007-edges",
+    "pylease-0008-permits",
+    "pylease-0009-keeper",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -46,6 +48,18 @@ FUNCTIONS = (
     "lease_prune_history",
     "lease_wait",
     "lease_unwait",
+    "lease_claim_all",
+    "lease_release_all",
+    "permit_claim",
+    "permit_renew",
+    "permit_release",
+    "permit_holds",
+    "permit_status",
+    "permit_set_max",
+    "permit_revoke",
+    # Internal (not in the contract), called by the keeper as the application's role:
+    # SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
+    "pylease_renew_held",
 )
 HELPERS = (
     "pylease_check_key",
@@ -56,7 +70,12 @@ HELPERS = (
     "pylease_refuse_read_only",
     "pylease_refuse_history",
     "pylease_history_rows",
+    "pylease_check_count",
+    "pylease_check_names",
+    "pylease_register_lease",
 )
+# The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
+WAITING_CLAIMS = ("lease_claim", "lease_claim_new", "lease_claim_all", "permit_claim")
 # Every object pylease owns is named like this; yoyo's bookkeeping is not ours.
 OURS = "(lease\\_%|pylease\\_%)"
 NOT_YOYO = "NOT (c.relname LIKE '\\_yoyo%' OR c.relname LIKE '\\_pylease\\_yoyo%')"
@@ -156,6 +175,12 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_leases",
         "pylease_leases_fence",
         "pylease_leases_pkey",
+        "pylease_names",
+        "pylease_names_pkey",
+        "pylease_permits",
+        "pylease_permits_fence",
+        "pylease_permits_holder",
+        "pylease_permits_pkey",
         "pylease_waiters",
         "pylease_waiters_expires_at",
         "pylease_waiters_id_seq",
@@ -163,7 +188,7 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_waiters_name_waiter_key",
         "pylease_waiters_pkey",
     ]
-    assert len(expected["constraints"]) == 7
+    assert len(expected["constraints"]) == 16
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
@@ -191,12 +216,14 @@ def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn
     assert {r[0] for r in rows} == {*FUNCTIONS, *HELPERS}
     for proname, secdef, config in rows:
         # A takeover waits a bounded time for a fenced transaction, then is busy.
-        bound = ["lock_timeout=2s"] if proname in ("lease_claim", "lease_claim_new") else []
+        bound = ["lock_timeout=2s"] if proname in WAITING_CLAIMS else []
         assert config == ["search_path=public, pg_temp", *bound], proname
         assert secdef is (proname in FUNCTIONS), proname
 
 
-@pytest.mark.parametrize("table", ["pylease_leases", "pylease_events"])
+@pytest.mark.parametrize(
+    "table", ["pylease_leases", "pylease_events", "pylease_names", "pylease_permits"]
+)
 def test_public_has_no_privilege_on_the_tables(conn: Conn, table: str) -> None:
     for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"):
         assert not conn.execute(
@@ -204,13 +231,18 @@ def test_public_has_no_privilege_on_the_tables(conn: Conn, table: str) -> None:
         ).fetchone()[0], privilege  # type: ignore[index]
 
 
-def test_public_may_execute_every_function_but_steal_and_the_helpers(conn: Conn) -> None:
+def test_public_may_execute_every_function_but_the_operators_and_the_helpers(conn: Conn) -> None:
     rows = conn.execute(
         "SELECT proname, has_function_privilege('public', oid, 'EXECUTE') FROM pg_proc"
         " WHERE pronamespace = 'public'::regnamespace"
     ).fetchall()
     executable = {name for name, may in rows if may}
-    assert executable == set(FUNCTIONS) - {"lease_steal", "lease_prune_history"}
+    assert executable == set(FUNCTIONS) - {
+        "lease_steal",
+        "lease_prune_history",
+        "permit_set_max",
+        "permit_revoke",
+    }
 
 
 def test_the_table_leaves_room_for_hot_updates(conn: Conn) -> None:
@@ -305,6 +337,48 @@ def test_a_role_with_only_execute_can_use_leases_but_not_steal(conn: Conn, app_r
 
     conn.execute("RESET ROLE")
     assert conn.execute("SELECT holder, fence FROM pylease_leases").fetchall() == [("me", 2)]
+
+
+def test_a_role_with_only_execute_can_use_permits_and_several_names(
+    conn: Conn, app_role: str
+) -> None:
+    set_role(conn, app_role)
+    assert conn.execute("SELECT * FROM permit_claim('exports', 2, %s, 'me')", (HOUR,)).fetchall()
+    assert conn.execute("SELECT permit_renew('exports', 'me')").fetchone() == (True,)
+    assert conn.execute("SELECT count(*) FROM permit_status('exports')").fetchone() == (1,)
+    assert conn.execute("SELECT permit_release('exports', 'me')").fetchone() == (True,)
+    assert conn.execute("SELECT * FROM lease_claim_all('{a,b}', %s, 'me')", (HOUR,)).fetchall() == [
+        ("a", 1),
+        ("b", 1),
+    ]
+    assert conn.execute("SELECT * FROM lease_release_all('{b,a}', 'me')").fetchall() == [
+        ("b", True),
+        ("a", True),
+    ]
+    for forbidden in (
+        "SELECT permit_set_max('exports', 3)",
+        "SELECT permit_revoke('exports', 'me')",
+        "SELECT * FROM pylease_permits",
+        "SELECT * FROM pylease_names",
+        "UPDATE pylease_permits SET holder = 'thief'",
+        "DELETE FROM pylease_names",
+    ):
+        with pytest.raises(pg_errors.InsufficientPrivilege):
+            conn.execute(forbidden)  # type: ignore[call-overload]
+
+
+def test_an_operator_grants_set_max_and_revoke(conn: Conn, app_role: str) -> None:
+    conn.execute("SELECT * FROM permit_claim('exports', 1, '1 hour', 'stuck')")
+    for function in ("permit_set_max(text, integer)", "permit_revoke(text, text)"):
+        conn.execute(
+            sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+                sql.SQL(function), sql.Identifier(app_role)
+            )
+        )
+    set_role(conn, app_role)
+    assert conn.execute("SELECT permit_revoke('exports', 'stuck')").fetchone() == (True,)
+    conn.execute("SELECT permit_set_max('exports', 2)")
+    assert conn.execute("SELECT max_permits FROM permit_status('exports')").fetchone() == (2,)
 
 
 def test_an_operator_grants_steal(conn: Conn, app_role: str) -> None:

@@ -1,0 +1,161 @@
+-- pylease 0004 (SQLite): permits and several names in one claim (contract
+-- revision 3, sections 5.1 and 5.3). Keep sql/sqlite/schema.sql in step (a test
+-- compares).
+--   * pylease_names: the kind of every name granted (lease or semaphore), set by
+--     its first grant, and a semaphore's limit; a new lease row registers its name;
+--   * pylease_permits: one row per slot of a semaphore, 0 to the highest limit it
+--     ever had, each with its own fence and counters (a slot never granted has
+--     fence 0); its history is written by triggers, as a lease's;
+--   * the views pylease_permit_claims, pylease_permit_limits and
+--     pylease_semaphore_names: inserting into them checks a call (and makes a new
+--     semaphore's slots, or a raised limit's) and stores nothing, so that
+--     sql/sqlite/permit_*.sql refuse what the PostgreSQL functions refuse;
+--   * pylease_events.slot: a semaphore's slot, NULL for a lease.
+-- depends: pylease-0003-operations
+
+-- One row per name ever granted: its kind, and a semaphore's limit.
+CREATE TABLE pylease_names (
+    name        TEXT    NOT NULL PRIMARY KEY,
+    kind        TEXT    NOT NULL CHECK (kind IN ('lease', 'semaphore')),
+    max_permits INTEGER CHECK (max_permits BETWEEN 1 AND 10000),
+    CHECK ((kind = 'semaphore') = (max_permits IS NOT NULL))
+) STRICT;
+
+INSERT INTO pylease_names (name, kind) SELECT name, 'lease' FROM pylease_leases;
+
+-- A new lease row registers its name, or finds it a semaphore's and fails.
+CREATE TRIGGER pylease_leases_register AFTER INSERT ON pylease_leases
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: name is a semaphore, not a lease')
+     WHERE EXISTS (SELECT 1 FROM pylease_names WHERE name = NEW.name AND kind <> 'lease');
+    INSERT OR IGNORE INTO pylease_names (name, kind) VALUES (NEW.name, 'lease');
+END;
+
+-- One row per slot of a semaphore. permits is how many slots its holder was
+-- granted together; revoked: freed by permit_revoke from an unexpired holder, so
+-- that its next grant is a steal. Rows are never deleted.
+CREATE TABLE pylease_permits (
+    name        TEXT    NOT NULL,
+    slot        INTEGER NOT NULL CHECK (slot BETWEEN 0 AND 9999),
+    holder      TEXT,
+    fence       INTEGER NOT NULL DEFAULT 0 CHECK (fence >= 0),
+    permits     INTEGER NOT NULL DEFAULT 0,
+    ttl         REAL,
+    acquired_at REAL,
+    renewed_at  REAL,
+    expires_at  REAL    NOT NULL DEFAULT 0,
+    released    INTEGER NOT NULL DEFAULT 0 CHECK (released IN (0, 1)),
+    revoked     INTEGER NOT NULL DEFAULT 0 CHECK (revoked IN (0, 1)),
+    grants      INTEGER NOT NULL DEFAULT 0,
+    takeovers   INTEGER NOT NULL DEFAULT 0,
+    steals      INTEGER NOT NULL DEFAULT 0,
+    releases    INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, slot)
+) STRICT;
+CREATE INDEX pylease_permits_holder ON pylease_permits (name, holder);
+
+CREATE TRIGGER pylease_permits_update_check BEFORE UPDATE ON pylease_permits
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: ttl must be positive') WHERE NEW.ttl <= 0;
+    SELECT RAISE(ABORT, 'pylease: ttl must be at most 366 days') WHERE NEW.ttl > 31622400;
+    SELECT RAISE(ABORT, 'pylease: holder must not be empty') WHERE NEW.holder = '';
+    SELECT RAISE(ABORT, 'pylease: holder must be at most 200 characters') WHERE length(NEW.holder) > 200;
+    SELECT RAISE(ABORT, 'pylease: a fence never goes back') WHERE NEW.fence < OLD.fence;
+    SELECT RAISE(ABORT, 'pylease: a slot keeps its name and number')
+     WHERE NEW.name IS NOT OLD.name OR NEW.slot IS NOT OLD.slot;
+END;
+
+CREATE TRIGGER pylease_permits_keep_rows BEFORE DELETE ON pylease_permits
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: permit rows are never deleted (their fences must not go back)');
+END;
+
+-- A grant past the last fence (permit_claim.sql computes NULL there) fails before
+-- the row changes.
+CREATE TRIGGER pylease_permits_fences_exhausted BEFORE UPDATE OF fence ON pylease_permits
+WHEN NEW.fence IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: fences exhausted: this slot has used every fence (2^63-1)');
+END;
+
+ALTER TABLE pylease_events ADD COLUMN slot INTEGER;
+
+-- A new tenure of a slot: claimed (a slot never granted, or released), taken_over
+-- (expired without a release), stolen (freed by permit_revoke from an unexpired
+-- holder).
+CREATE TRIGGER pylease_permits_history_granted AFTER UPDATE OF fence ON pylease_permits
+WHEN NEW.fence IS NOT OLD.fence
+BEGIN
+    INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
+    SELECT NEW.acquired_at, NEW.name, k.kind, NEW.holder, NEW.fence,
+           CASE WHEN OLD.fence > 0 THEN OLD.holder END, NEW.slot
+      FROM (SELECT CASE WHEN OLD.revoked THEN 'stolen'
+                        WHEN OLD.fence = 0 OR OLD.released THEN 'claimed'
+                        ELSE 'taken_over' END AS kind) AS k,
+           (SELECT coalesce((SELECT value FROM pylease_settings WHERE name = 'history'), '')
+                   AS mode) AS s
+     WHERE s.mode = 'all' OR (s.mode IN ('', 'rare') AND k.kind <> 'claimed');
+END;
+
+-- A release by the holder (which counts one), not a revoke.
+CREATE TRIGGER pylease_permits_history_released AFTER UPDATE OF released ON pylease_permits
+WHEN NEW.released AND NOT OLD.released AND NEW.releases > OLD.releases
+ AND (SELECT value FROM pylease_settings WHERE name = 'history') = 'all'
+BEGIN
+    INSERT INTO pylease_events (at, name, event, holder, fence, slot)
+    VALUES (NEW.expires_at, NEW.name, 'released', NEW.holder, NEW.fence, NEW.slot);
+END;
+
+-- permit_claim.sql's checks: inserting (name, max_permits, holder, permits) fails
+-- for a lease's name, another limit, or a holder that holds another number of the
+-- semaphore's permits; makes a new semaphore with its slots; stores nothing.
+CREATE VIEW pylease_permit_claims (name, max_permits, holder, permits) AS
+    SELECT NULL, NULL, NULL, NULL WHERE 0;
+
+CREATE TRIGGER pylease_permit_claims_check INSTEAD OF INSERT ON pylease_permit_claims
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: name is a lease, not a semaphore')
+     WHERE EXISTS (SELECT 1 FROM pylease_names WHERE name = NEW.name AND kind = 'lease');
+    SELECT RAISE(ABORT, 'pylease: max_permits differs from the limit of this semaphore')
+     WHERE EXISTS (SELECT 1 FROM pylease_names
+                    WHERE name = NEW.name AND max_permits IS NOT NEW.max_permits);
+    SELECT RAISE(ABORT, 'pylease: permits must be as many as this holder already holds of this semaphore (release them first)')
+     WHERE (SELECT count(*) FROM pylease_permits
+             WHERE name = NEW.name AND holder = NEW.holder AND NOT released) NOT IN (0, NEW.permits)
+        OR EXISTS (SELECT 1 FROM pylease_permits
+                    WHERE name = NEW.name AND holder = NEW.holder AND NOT released
+                      AND permits <> NEW.permits);
+    INSERT INTO pylease_names (name, kind, max_permits)
+    SELECT NEW.name, 'semaphore', NEW.max_permits
+     WHERE NOT EXISTS (SELECT 1 FROM pylease_names WHERE name = NEW.name);
+    -- Slots 0 to max_permits - 1: the keys of a JSON array of max_permits zeros.
+    INSERT INTO pylease_permits (name, slot)
+    SELECT NEW.name, j.key
+      FROM json_each('[' || rtrim(replace(hex(zeroblob(NEW.max_permits)), '00', '0,'), ',') || ']') AS j
+     WHERE NOT EXISTS (SELECT 1 FROM pylease_permits WHERE name = NEW.name);
+END;
+
+-- permit_set_max.sql: inserting (name, max_permits) sets the limit of a semaphore
+-- (and makes the slots of a raised one); stores nothing.
+CREATE VIEW pylease_permit_limits (name, max_permits) AS SELECT NULL, NULL WHERE 0;
+
+CREATE TRIGGER pylease_permit_limits_set INSTEAD OF INSERT ON pylease_permit_limits
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: name is not a semaphore: no permit of it was ever claimed')
+     WHERE NOT EXISTS (SELECT 1 FROM pylease_names WHERE name = NEW.name);
+    SELECT RAISE(ABORT, 'pylease: name is a lease, not a semaphore')
+     WHERE EXISTS (SELECT 1 FROM pylease_names WHERE name = NEW.name AND kind = 'lease');
+    UPDATE pylease_names SET max_permits = NEW.max_permits WHERE name = NEW.name;
+    INSERT OR IGNORE INTO pylease_permits (name, slot)
+    SELECT NEW.name, j.key
+      FROM json_each('[' || rtrim(replace(hex(zeroblob(NEW.max_permits)), '00', '0,'), ',') || ']') AS j;
+END;
+
+-- permit_revoke.sql's check: inserting a name fails for a lease's; stores nothing.
+CREATE VIEW pylease_semaphore_names (name) AS SELECT NULL WHERE 0;
+
+CREATE TRIGGER pylease_semaphore_names_check INSTEAD OF INSERT ON pylease_semaphore_names
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: name is a lease, not a semaphore')
+     WHERE EXISTS (SELECT 1 FROM pylease_names WHERE name = NEW.name AND kind = 'lease');
+END;

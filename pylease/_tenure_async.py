@@ -1,0 +1,108 @@
+# The source of pylease/_tenure.py: tools/async_to_sync.py writes it from this file.
+"""What a kept tenure does on the wire, whatever its kind: its renewal, its release, and
+what the database says became of it once it was lost.
+
+A tenure is a lease, a holder's permits of a semaphore (a ticket of kind ``permit``)
+or several names claimed together (a ticket with ``names``). The keeper renews every
+kind of a process with one statement per tick (:func:`renew_leases`), and a block, or
+the keeper for a collected or deferred one, gives it back with :func:`give_back`.
+Shared by :mod:`pylease._keeper_async`, :mod:`pylease.leasing_async` and
+:mod:`pylease.permits_async`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from pylease._backend_async import AsyncBackend, AsyncReleaseOp, release_kept
+from pylease._held import describe_loss
+from pylease._links_async import AsyncLink
+from pylease._log import released as log_released
+from pylease._ticket import Ticket
+
+Run = Callable[[AsyncReleaseOp, AsyncReleaseOp | None], Awaitable[bool]]
+
+
+async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
+    """The renewal of everything a process holds, whatever its kind, in one statement:
+    ``lease_renew_each`` while the batch holds leases only, else ``pylease_renew_held``
+    (permits: a holder's slots together); each with its own ttl. A ticket of several
+    names is one element per name, renewed only when all of them are.
+
+    Each row, one per ticket: (name, renewed, seconds granted by the server from its
+    own clock, that clock), the last two None when not renewed.
+    """
+    kinds: list[str] = []
+    names: list[str] = []
+    holders: list[str] = []
+    ttls: list[timedelta | None] = []
+    owner: list[int] = []
+    for i, t in enumerate(batch):
+        for name in t.names or (t.name,):
+            kinds.append(t.kind)
+            names.append(name)
+            holders.append(t.holder)
+            ttls.append(t.renew_ttl)
+            owner.append(i)
+    if all(kind == "lease" for kind in kinds):
+        rows = await b.renew_each(names, holders, ttls)
+    else:
+        rows = await b.renew_held(kinds, names, holders, ttls)
+    out: list[tuple[Any, ...]] = [(t.name, True, None, None) for t in batch]
+    for i, r in zip(owner, rows, strict=True):
+        name, renewed, granted, clock = out[i]
+        if not renewed:
+            continue
+        if r.renewed and r.expires_at is not None and r.server_time is not None:
+            seconds = (r.expires_at - r.server_time).total_seconds()
+            granted = seconds if granted is None else min(granted, seconds)
+            out[i] = (name, True, granted, clock or r.server_time)
+        else:
+            out[i] = (name, False, None, None)
+    return out
+
+
+async def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> bool:
+    """Release the tenure of ``ticket`` through ``run`` (a link's or a source's): True
+    when all of it was still ours."""
+    kind = "names" if ticket.names else ticket.kind
+    names = ticket.names or (ticket.name,)
+    return await release_kept(run, kind, names, ticket.holder, ticket.fence, min_hold)
+
+
+async def release(
+    link_: AsyncLink, ticket: Ticket, min_hold: timedelta | None
+) -> tuple[bool | None, Exception | None]:
+    """Give the tenure back: (was it still ours, None if unknown; what went wrong)."""
+    name, holder = ticket.name, ticket.holder
+
+    async def run(op: AsyncReleaseOp, again: AsyncReleaseOp | None) -> bool:
+        return await link_.run_release(op, name=name, again=again)
+
+    try:
+        ours = await give_back(run, ticket, min_hold)
+    except Exception as exc:
+        return None, exc
+    log_released(name, holder, ticket.fence, ours)
+    return ours, None
+
+
+async def loss_cause(link_: AsyncLink, ticket: Ticket) -> str | None:
+    """What the database says became of a lease we lost; None if it cannot say.
+
+    Asked only once the block is over and the lease was lost, so it costs nothing
+    on the way and never delays the loss being known.
+    """
+    name = ticket.name
+
+    async def look(b: AsyncBackend) -> str | None:
+        rows = await b.status(name)
+        events = await b.history(name, None, 1)
+        return describe_loss(ticket, rows[0] if rows else None, events[0] if events else None)
+
+    try:
+        return await link_.run(look, name=name, urgent=True)
+    except Exception:
+        return None  # the loss is the story; its detail is a courtesy

@@ -1,0 +1,86 @@
+-- renew_held: the keeper's renewal of everything a process holds, whatever its
+-- kind, each element at its own ttl (internal; the PostgreSQL function is
+-- pylease_renew_held). An element of kind 'lease' renews the lease as
+-- renew_each.sql; one of kind 'permit' renews every slot of the semaphore that its
+-- holder holds, all or nothing, as permit_renew.sql. Never earlier. A lost element,
+-- or one of the other kind, is that element's "not renewed", never an error.
+--
+-- Run its three statements in order inside one BEGIN IMMEDIATE ... COMMIT (the
+-- last one answers; under the write lock, what it reads is what the first two
+-- renewed: a renewal changes no holder). Parameters (named):
+--   :kinds    TEXT, a JSON array of 'lease' or 'permit', as long as :names
+--   :names    TEXT, a JSON array of names, e.g. '["sweep", "exports"]'
+--   :holders  TEXT, a JSON array of holders, as long as :names
+--   :ttls     TEXT, a JSON array of ttls in seconds (or null: the last ttl), as
+--             long as :names
+-- Result: one row per element of :names, in order: (name TEXT, renewed INTEGER,
+-- expires_at REAL, server_time REAL, unix seconds; both NULL when not renewed); a
+-- semaphore's expires_at is the earliest of its holder's slots.
+WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
+wanted(name, holder, ttl) AS (
+    SELECT n.value, h.value, t.value
+      FROM json_each(:names) AS n
+      JOIN json_each(:kinds) AS k ON k.key = n.key
+      JOIN json_each(:holders) AS h ON h.key = n.key
+      JOIN json_each(:ttls) AS t ON t.key = n.key
+     WHERE k.value = 'lease'
+)
+UPDATE pylease_leases
+   SET ttl        = coalesce((SELECT w.ttl FROM wanted AS w
+                               WHERE w.name = pylease_leases.name
+                                 AND w.holder = pylease_leases.holder), ttl),
+       renewed_at = (SELECT now FROM clock),
+       expires_at = max(expires_at, (SELECT now FROM clock) + coalesce(
+                        (SELECT w.ttl FROM wanted AS w
+                          WHERE w.name = pylease_leases.name
+                            AND w.holder = pylease_leases.holder), ttl))
+ WHERE NOT released AND (name, holder) IN (SELECT name, holder FROM wanted);
+
+WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
+wanted(name, holder, ttl) AS (
+    SELECT n.value, h.value, t.value
+      FROM json_each(:names) AS n
+      JOIN json_each(:kinds) AS k ON k.key = n.key
+      JOIN json_each(:holders) AS h ON h.key = n.key
+      JOIN json_each(:ttls) AS t ON t.key = n.key
+     WHERE k.value = 'permit'
+),
+whole(name, holder) AS (
+    SELECT p.name, p.holder FROM pylease_permits AS p
+     WHERE NOT p.released AND (p.name, p.holder) IN (SELECT name, holder FROM wanted)
+     GROUP BY p.name, p.holder
+    HAVING count(*) = min(p.permits) AND count(*) = max(p.permits)
+)
+UPDATE pylease_permits
+   SET ttl        = coalesce((SELECT w.ttl FROM wanted AS w
+                               WHERE w.name = pylease_permits.name
+                                 AND w.holder = pylease_permits.holder), ttl),
+       renewed_at = (SELECT now FROM clock),
+       expires_at = max(expires_at, (SELECT now FROM clock) + coalesce(
+                        (SELECT w.ttl FROM wanted AS w
+                          WHERE w.name = pylease_permits.name
+                            AND w.holder = pylease_permits.holder), ttl))
+ WHERE NOT released AND (name, holder) IN (SELECT name, holder FROM whole);
+
+WITH wanted(i, kind, name, holder) AS (
+    SELECT n.key, k.value, n.value, h.value
+      FROM json_each(:names) AS n
+      JOIN json_each(:kinds) AS k ON k.key = n.key
+      JOIN json_each(:holders) AS h ON h.key = n.key
+),
+found(i, expires_at, server_time) AS (
+    SELECT w.i, l.expires_at, l.renewed_at
+      FROM wanted AS w
+      JOIN pylease_leases AS l ON l.name = w.name AND l.holder = w.holder AND NOT l.released
+     WHERE w.kind = 'lease'
+    UNION ALL
+    SELECT w.i, min(p.expires_at), max(p.renewed_at)
+      FROM wanted AS w
+      JOIN pylease_permits AS p ON p.name = w.name AND p.holder = w.holder AND NOT p.released
+     WHERE w.kind = 'permit'
+     GROUP BY w.i
+    HAVING count(*) = min(p.permits) AND count(*) = max(p.permits)
+)
+SELECT w.name, f.i IS NOT NULL, f.expires_at, f.server_time
+  FROM wanted AS w LEFT JOIN found AS f ON f.i = w.i
+ ORDER BY w.i;
