@@ -72,6 +72,7 @@ SQLITE_MIGRATIONS = [
     "pylease-0002-safety",
     "pylease-0003-operations",
     "pylease-0004-permits",
+    "pylease-0005-prune",
 ]
 
 
