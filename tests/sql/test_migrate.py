@@ -33,7 +33,7 @@ IDS = [
     "pylease-0007-edges",
     "pylease-0008-permits",
     "pylease-0009-keeper",
-    "pylease-0013-prune",
+    "pylease-0010-prune",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

@@ -32,7 +32,7 @@ MIGRATIONS = [
     "pylease-0007-edges",
     "pylease-0008-permits",
     "pylease-0009-keeper",
-    "pylease-0013-prune",
+    "pylease-0010-prune",
 ]
 FUNCTIONS = (
     "lease_claim",

@@ -1,4 +1,4 @@
--- pylease 0013: names that are gone (contract revision 3, section 5.6; issue 29).
+-- pylease 0010: names that are gone (contract revision 3, section 5.6; issue 29).
 -- Keep sql/postgres/schema.sql in step.
 --   * pylease_fence_floors: per bucket of names, the highest fence any pruned name
 --     of the bucket had, so that a pruned name's next grant starts above it;

@@ -1,4 +1,4 @@
--- Undo pylease 0013: names are never pruned again; the floors are forgotten.
+-- Undo pylease 0010: names are never pruned again; the floors are forgotten.
 
 DO $pin$
 BEGIN
