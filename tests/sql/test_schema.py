@@ -398,6 +398,31 @@ def test_a_role_with_only_execute_can_use_permits_and_several_names(
             conn.execute(forbidden)  # type: ignore[call-overload]
 
 
+def test_a_role_with_only_execute_can_use_groups(conn: Conn, app_role: str) -> None:
+    set_role(conn, app_role)
+    assert conn.execute("SELECT group_join('g', 'me', %s, '{\"at\": 1}')", (HOUR,)).fetchone() == (
+        1,
+    )
+    assert conn.execute("SELECT group_renew('g', 'me')").fetchone() == (True,)
+    assert conn.execute("SELECT group_renew('g', 'me', NULL, 1)").fetchone() == (True,)
+    assert conn.execute("SELECT member, data FROM group_members('g')").fetchall() == [
+        ("me", {"at": 1})
+    ]
+    assert conn.execute("SELECT member_holds('g', 'me', 1)").fetchone() == (True,)
+    assert conn.execute("SELECT count(*) FROM group_assignment('g', 8)").fetchone() == (8,)
+    assert conn.execute("SELECT group_leave('g', 'me', 1)").fetchone() == (True,)
+    assert conn.execute("SELECT group_join('g', 'me', %s)", (HOUR,)).fetchone() == (2,)
+    assert conn.execute("SELECT group_leave('g', 'me')").fetchone() == (True,)
+    for forbidden in (
+        "SELECT * FROM pylease_members",
+        "UPDATE pylease_groups SET incarnation = 0",
+        "SELECT * FROM pylease_assignment('{a}', 1)",
+        "SELECT pylease_check_group('g')",
+    ):
+        with pytest.raises(pg_errors.InsufficientPrivilege):
+            conn.execute(forbidden)  # type: ignore[call-overload]
+
+
 def test_an_operator_grants_set_max_and_revoke(conn: Conn, app_role: str) -> None:
     conn.execute("SELECT * FROM permit_claim('exports', 1, '1 hour', 'stuck')")
     for function in ("permit_set_max(text, integer)", "permit_revoke(text, text)"):
