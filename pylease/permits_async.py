@@ -19,14 +19,14 @@ from typing import Any
 
 from pylease import _checks
 from pylease._backend_async import AsyncBackend
-from pylease._held import Held, NamesHeld, Options, PermitsHeld, bool_option, options
+from pylease._held import Held, NamesHeld, Options, PermitsHeld
 from pylease._links_async import AsyncLink
-from pylease._links_async import check as check_target
+from pylease._tenure_async import Part, parts_loss_cause
 from pylease._ticket import AsyncTicket
 from pylease._types import AsyncTarget, Duration, Wait
-from pylease._waiting_async import ClaimAll, PermitClaim, acquire_with
+from pylease._waiting_async import ClaimAll, PermitClaim
 from pylease.errors import InvalidArgument
-from pylease.leasing_async import AsyncLease, AsyncLostCallback
+from pylease.leasing_async import AsyncLease, AsyncLostCallback, block_options
 
 
 class AsyncPermit(AsyncLease):
@@ -48,10 +48,9 @@ class AsyncPermit(AsyncLease):
         self._max_permits, self._permits = max_permits, permits
         self._slots: dict[int, int] = {}
 
-    async def _claim(self, link_: AsyncLink, holder: str) -> tuple[Any, float]:
+    def _attempt(self, holder: str) -> PermitClaim:
         opts = self._opts
-        attempt = PermitClaim(opts.name, self._max_permits, opts.ttl, holder, self._permits)
-        return await acquire_with(link_, attempt, opts, want_holder=self.want_holder)
+        return PermitClaim(opts.name, self._max_permits, opts.ttl, holder, self._permits)
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         ticket.kind = "permit"
@@ -64,22 +63,11 @@ class AsyncPermit(AsyncLease):
         """Which of our slots the database gave to whom; None if it cannot say."""
         name, slots = ticket.name, self._slots
 
-        async def look(b: AsyncBackend) -> str | None:
+        async def parts(b: AsyncBackend) -> list[Part]:
             rows = {r.slot: r for r in await b.permit_status(name)}
-            mine = [(slot, rows[slot]) for slot in slots if slot in rows]
-            for slot, row in mine:
-                if row.holder != ticket.holder or row.fence != slots[slot]:
-                    return f"slot {slot} granted to {row.holder!r} with fence {row.fence}"
-            # The release freed the slots still ours: only an expired one tells more.
-            for slot, row in mine:
-                if row.state == "expired":
-                    return f"slot {slot}: its ttl ran out before a renewal reached the database"
-            return None
+            return [(f"slot {slot}", rows.get(slot), fence) for slot, fence in slots.items()]
 
-        try:
-            return await link_.run(look, name=name)
-        except Exception:
-            return None  # the loss is the story; its detail is a courtesy
+        return await parts_loss_cause(link_, ticket, parts)
 
 
 class AsyncNames(AsyncLease):
@@ -103,9 +91,8 @@ class AsyncNames(AsyncLease):
     def _names(self) -> tuple[str, ...]:
         return self._all
 
-    async def _claim(self, link_: AsyncLink, holder: str) -> tuple[Any, float]:
-        attempt = ClaimAll(self._all, self._opts.ttl, holder)
-        return await acquire_with(link_, attempt, self._opts, want_holder=self.want_holder)
+    def _attempt(self, holder: str) -> ClaimAll:
+        return ClaimAll(self._all, self._opts.ttl, holder)
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         ticket.names = self._all
@@ -118,42 +105,60 @@ class AsyncNames(AsyncLease):
         """Which of our names the database gave to whom; None if it cannot say."""
         fences = self._fences
 
-        async def look(b: AsyncBackend) -> str | None:
-            mine = []
+        async def parts(b: AsyncBackend) -> list[Part]:
+            found: list[Part] = []
             for name, fence in fences.items():
                 rows = await b.status(name)
-                if not rows:
-                    continue
-                row = rows[0]
-                if row.holder != ticket.holder or row.fence != fence:
-                    return f"{name!r} claimed by {row.holder!r} with fence {row.fence}"
-                mine.append(row)
-            # The release freed the names still ours: only an expired one tells more.
-            for row in mine:
-                if row.state == "expired":
-                    return f"{row.name!r}: its ttl ran out before a renewal reached the database"
-            return None
+                found.append((repr(name), rows[0] if rows else None, fence))
+            return found
 
-        try:
-            return await link_.run(look, name=ticket.name)
-        except Exception:
-            return None
+        return await parts_loss_cause(link_, ticket, parts)
 
 
-def _permit_options(
-    name: object, ttl: object, max_permits: object, permits: object, **rest: Any
-) -> tuple[Options, int, int]:
+def _permit(
+    target: object,
+    name: object,
+    ttl: object,
+    max_permits: object,
+    permits: object,
+    on_lost: AsyncLostCallback | None,
+    heartbeat_target: object,
+    **rest: Any,
+) -> AsyncPermit:
+    """:func:`apermit`'s block, every argument checked before any I/O."""
     limit = _checks.max_permits(max_permits)
     count = _checks.count("permits", permits, limit, "max_permits")
-    return options(name, ttl, min_hold=None, **rest), limit, count
+    opts = block_options(
+        target, heartbeat_target, name, ttl, on_lost=on_lost, min_hold=None, **rest
+    )
+    return AsyncPermit(
+        target,
+        opts,
+        max_permits=limit,
+        permits=count,
+        on_lost=on_lost,
+        heartbeat_target=heartbeat_target,
+    )
 
 
-def _names(names: object) -> tuple[str, ...]:
+def _leases(
+    target: object,
+    names: object,
+    ttl: object,
+    on_lost: AsyncLostCallback | None,
+    heartbeat_target: object,
+    **rest: Any,
+) -> AsyncNames:
+    """:func:`aleases`' block, every argument checked before any I/O."""
     if isinstance(names, str):
         raise InvalidArgument(
             "pylease: names must be a sequence of names, not one str", parameter="names"
         )
-    return tuple(_checks.names(names))
+    all_names = tuple(_checks.names(names))
+    opts = block_options(
+        target, heartbeat_target, all_names[0], ttl, on_lost=on_lost, min_hold=None, **rest
+    )
+    return AsyncNames(target, opts, all_names, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 
 if True:  # ASYNC
@@ -186,26 +191,19 @@ if True:  # ASYNC
         :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
         :raises LeaseLost: a slot was lost while the block ran.
         """
-        opts, limit, count = _permit_options(
+        return _permit(
+            target,
             name,
             ttl,
             max_permits,
             permits,
+            on_lost,
+            heartbeat_target,
             holder=holder,
             wait=wait,
             heartbeat=heartbeat,
-            on_lost=on_lost,
             poll_interval=poll_interval,
-        )
-        bool_option("cancel_on_lost", cancel_on_lost)
-        check_target(target, heartbeat_target)
-        return AsyncPermit(
-            target,
-            opts._replace(cancel_on_lost=cancel_on_lost),
-            max_permits=limit,
-            permits=count,
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
+            cancel_on_lost=cancel_on_lost,
         )
 
     def aleases(
@@ -234,25 +232,17 @@ if True:  # ASYNC
         :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
         :raises LeaseLost: one of them was lost while the block ran.
         """
-        all_names = _names(names)
-        opts = options(
-            all_names[0],
+        return _leases(
+            target,
+            names,
             ttl,
+            on_lost,
+            heartbeat_target,
             holder=holder,
             wait=wait,
             heartbeat=heartbeat,
-            on_lost=on_lost,
-            min_hold=None,
             poll_interval=poll_interval,
-        )
-        bool_option("cancel_on_lost", cancel_on_lost)
-        check_target(target, heartbeat_target)
-        return AsyncNames(
-            target,
-            opts._replace(cancel_on_lost=cancel_on_lost),
-            all_names,
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
+            cancel_on_lost=cancel_on_lost,
         )
 
 else:
@@ -285,25 +275,18 @@ else:
         :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
         :raises LeaseLost: the block returned, but a slot was lost meanwhile.
         """
-        opts, limit, count = _permit_options(
+        return _permit(
+            target,
             name,
             ttl,
             max_permits,
             permits,
+            on_lost,
+            heartbeat_target,
             holder=holder,
             wait=wait,
             heartbeat=heartbeat,
-            on_lost=on_lost,
             poll_interval=poll_interval,
-        )
-        check_target(target, heartbeat_target)
-        return AsyncPermit(
-            target,
-            opts,
-            max_permits=limit,
-            permits=count,
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
         )
 
     def aleases(
@@ -331,18 +314,14 @@ else:
         :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
         :raises LeaseLost: the block returned, but one of them was lost meanwhile.
         """
-        all_names = _names(names)
-        opts = options(
-            all_names[0],
+        return _leases(
+            target,
+            names,
             ttl,
+            on_lost,
+            heartbeat_target,
             holder=holder,
             wait=wait,
             heartbeat=heartbeat,
-            on_lost=on_lost,
-            min_hold=None,
             poll_interval=poll_interval,
-        )
-        check_target(target, heartbeat_target)
-        return AsyncNames(
-            target, opts, all_names, on_lost=on_lost, heartbeat_target=heartbeat_target
         )

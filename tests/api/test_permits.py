@@ -232,7 +232,7 @@ def test_one_name_stolen_loses_the_claim_of_several(db: Db) -> None:
     with pytest.raises(LeaseLost) as lost, leases(db.url, ["a", "b"], ttl=0.9) as held:
         assert other.steal("b", HOUR, "thief") is not None
         assert wait_until(lambda: held.lost, DETECT)
-    assert "'b' claimed by 'thief'" in str(lost.value)
+    assert "'b' granted to 'thief'" in str(lost.value)
     # The name still ours was given back; the stolen one stays the thief's.
     assert db.holder_of("a") is None and db.holder_of("b") == "thief"
 

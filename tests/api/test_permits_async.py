@@ -247,7 +247,7 @@ async def test_one_name_stolen_loses_the_claim_of_several(db: Db) -> None:
         async with aleases(db.url, ["a", "b"], ttl=0.9) as held:
             assert other.steal("b", HOUR, "thief") is not None
             assert await asleep_until(lambda: held.lost, DETECT)
-    assert "'b' claimed by 'thief'" in str(lost.value)
+    assert "'b' granted to 'thief'" in str(lost.value)
     # The name still ours was given back; the stolen one stays the thief's.
     assert db.holder_of("a") is None and db.holder_of("b") == "thief"
 
