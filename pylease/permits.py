@@ -10,7 +10,8 @@ the keeper renews them in the statement that renews every lease of the process
 the holder's slots, ``lease_release_all`` its names. Neither release takes a fence
 (the SQL has none): a holder names one claim, and the default holder is unique per
 claim. A release that finds any slot or name no longer ours fails the work, as for
-a lease.
+a lease. The twins differ as :mod:`pylease.leasing`'s do: only on an event loop
+is the block's task cancelled when a permit or a name is lost (``cancel_on_lost``).
 """
 
 from __future__ import annotations
@@ -184,11 +185,11 @@ def permit(
         with permit(conn, "export", max_permits=4, ttl=60) as held:
             held.slots  # slot -> fence
 
-    The other arguments are those of :func:`lease`; a body that must not outlive
-    its permits calls ``held.check()`` between steps, or passes ``on_lost``.
+    The other arguments are those of :func:`lease`, and a lost permit ends the block
+    as a lost lease does.
 
     :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
-    :raises LeaseLost: the block returned, but a slot was lost meanwhile.
+    :raises LeaseLost: a slot was lost while the block ran.
     """
     return _permit(
         target,
@@ -225,10 +226,11 @@ def leases(
         with leases(conn, ["acct-17", "acct-42"], ttl=30) as held:
             held.fences  # name -> fence
 
-    The other arguments are those of :func:`lease`.
+    The other arguments are those of :func:`lease`, and a lost name ends the block
+    as a lost lease does.
 
     :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
-    :raises LeaseLost: the block returned, but one of them was lost meanwhile.
+    :raises LeaseLost: one of them was lost while the block ran.
     """
     return _leases(
         target,

@@ -9,7 +9,8 @@ the keeper renews them in the statement that renews every lease of the process
 the holder's slots, ``lease_release_all`` its names. Neither release takes a fence
 (the SQL has none): a holder names one claim, and the default holder is unique per
 claim. A release that finds any slot or name no longer ours fails the work, as for
-a lease.
+a lease. The twins differ as :mod:`pylease.leasing_async`'s do: only on an event loop
+is the block's task cancelled when a permit or a name is lost (``cancel_on_lost``).
 """
 
 from __future__ import annotations
@@ -161,167 +162,87 @@ def _leases(
     return AsyncNames(target, opts, all_names, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 
-if True:  # ASYNC
+def apermit(
+    target: AsyncTarget,
+    name: str,
+    ttl: Duration,
+    *,
+    max_permits: int,
+    permits: int = 1,
+    holder: str | None = None,
+    wait: Wait = 0,
+    heartbeat: bool = True,
+    on_lost: AsyncLostCallback | None = None,
+    heartbeat_target: AsyncTarget | None = None,
+    poll_interval: Duration | None = None,
+    cancel_on_lost: bool = True,  # ASYNC
+) -> AsyncPermit:
+    """Hold ``permits`` of the semaphore ``name`` (at most ``max_permits`` held at
+    once, by everyone) while the ``async with`` block runs.
 
-    def apermit(
-        target: AsyncTarget,
-        name: str,
-        ttl: Duration,
-        *,
-        max_permits: int,
-        permits: int = 1,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-        cancel_on_lost: bool = True,
-    ) -> AsyncPermit:
-        """Hold ``permits`` of the semaphore ``name`` (at most ``max_permits`` held at
-        once, by everyone) while the ``async with`` block runs.
+    ::
 
-        ::
+        async with apermit(aconn, "export", max_permits=4, ttl=60) as held:
+            held.slots  # slot -> fence
 
-            async with apermit(aconn, "export", max_permits=4, ttl=60) as held:
-                held.slots  # slot -> fence
+    The other arguments are those of :func:`alease`, and a lost permit ends the block
+    as a lost lease does.
 
-        The other arguments are those of :func:`alease`.
+    :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
+    :raises LeaseLost: a slot was lost while the block ran.
+    """
+    return _permit(
+        target,
+        name,
+        ttl,
+        max_permits,
+        permits,
+        on_lost,
+        heartbeat_target,
+        holder=holder,
+        wait=wait,
+        heartbeat=heartbeat,
+        poll_interval=poll_interval,
+        cancel_on_lost=cancel_on_lost,  # ASYNC
+    )
 
-        :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
-        :raises LeaseLost: a slot was lost while the block ran.
-        """
-        return _permit(
-            target,
-            name,
-            ttl,
-            max_permits,
-            permits,
-            on_lost,
-            heartbeat_target,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            poll_interval=poll_interval,
-            cancel_on_lost=cancel_on_lost,
-        )
 
-    def aleases(
-        target: AsyncTarget,
-        names: Sequence[str],
-        ttl: Duration,
-        *,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-        cancel_on_lost: bool = True,
-    ) -> AsyncNames:
-        """Hold every lease of ``names`` while the ``async with`` block runs: all of them
-        granted at once, or none; a waiter holds none of them while it waits.
+def aleases(
+    target: AsyncTarget,
+    names: Sequence[str],
+    ttl: Duration,
+    *,
+    holder: str | None = None,
+    wait: Wait = 0,
+    heartbeat: bool = True,
+    on_lost: AsyncLostCallback | None = None,
+    heartbeat_target: AsyncTarget | None = None,
+    poll_interval: Duration | None = None,
+    cancel_on_lost: bool = True,  # ASYNC
+) -> AsyncNames:
+    """Hold every lease of ``names`` while the ``async with`` block runs: all of them
+    granted at once, or none; a waiter holds none of them while it waits.
 
-        ::
+    ::
 
-            async with aleases(aconn, ["acct-17", "acct-42"], ttl=30) as held:
-                held.fences  # name -> fence
+        async with aleases(aconn, ["acct-17", "acct-42"], ttl=30) as held:
+            held.fences  # name -> fence
 
-        The other arguments are those of :func:`alease`.
+    The other arguments are those of :func:`alease`, and a lost name ends the block
+    as a lost lease does.
 
-        :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
-        :raises LeaseLost: one of them was lost while the block ran.
-        """
-        return _leases(
-            target,
-            names,
-            ttl,
-            on_lost,
-            heartbeat_target,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            poll_interval=poll_interval,
-            cancel_on_lost=cancel_on_lost,
-        )
-
-else:
-
-    def apermit(
-        target: AsyncTarget,
-        name: str,
-        ttl: Duration,
-        *,
-        max_permits: int,
-        permits: int = 1,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-    ) -> AsyncPermit:
-        """Hold ``permits`` of the semaphore ``name`` (at most ``max_permits`` held at
-        once, by everyone) while the ``with`` block runs.
-
-        ::
-
-            with permit(conn, "export", max_permits=4, ttl=60) as held:
-                held.slots  # slot -> fence
-
-        The other arguments are those of :func:`lease`; a body that must not outlive
-        its permits calls ``held.check()`` between steps, or passes ``on_lost``.
-
-        :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
-        :raises LeaseLost: the block returned, but a slot was lost meanwhile.
-        """
-        return _permit(
-            target,
-            name,
-            ttl,
-            max_permits,
-            permits,
-            on_lost,
-            heartbeat_target,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            poll_interval=poll_interval,
-        )
-
-    def aleases(
-        target: AsyncTarget,
-        names: Sequence[str],
-        ttl: Duration,
-        *,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-    ) -> AsyncNames:
-        """Hold every lease of ``names`` while the ``with`` block runs: all of them
-        granted at once, or none; a waiter holds none of them while it waits.
-
-        ::
-
-            with leases(conn, ["acct-17", "acct-42"], ttl=30) as held:
-                held.fences  # name -> fence
-
-        The other arguments are those of :func:`lease`.
-
-        :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
-        :raises LeaseLost: the block returned, but one of them was lost meanwhile.
-        """
-        return _leases(
-            target,
-            names,
-            ttl,
-            on_lost,
-            heartbeat_target,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            poll_interval=poll_interval,
-        )
+    :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
+    :raises LeaseLost: one of them was lost while the block ran.
+    """
+    return _leases(
+        target,
+        names,
+        ttl,
+        on_lost,
+        heartbeat_target,
+        holder=holder,
+        wait=wait,
+        heartbeat=heartbeat,
+        poll_interval=poll_interval,
+        cancel_on_lost=cancel_on_lost,  # ASYNC
+    )
