@@ -122,7 +122,7 @@ class _NamesThenCommand(_Command):
             at = args.index("--")
             args, cmd = args[:at], args[at + 1 :]
         rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
-        if not cmd:
+        if not cmd and not ctx.resilient_parsing:  # (shell completion parses resiliently)
             error = _UsageError(
                 f"Missing argument '{CMD_USAGE}': the command goes after --, the names "
                 f"before it ({ctx.command_path} NAME [NAME...] [OPTIONS] {CMD_USAGE})",
