@@ -341,11 +341,12 @@ def run_exclusive(
         heartbeat_target=heartbeat_target,
         poll_interval=poll_interval,
     )
-    return _run_in(cm, work)
+    return run_in(cm, work)
 
 
-def _run_in(cm: Lease, work: Callable[[], T]) -> Outcome[T]:
-    """Run ``work()`` inside ``cm``; a busy lease is ``Outcome(False, None)``."""
+def run_in(cm: Lease, work: Callable[[], T]) -> Outcome[T]:
+    """Run ``work()`` inside the block ``cm`` (a lease's, permits', several names');
+    a busy claim is ``Outcome(False, None)``."""
     cm.want_holder = False  # a busy lease is silent here: no need to ask who holds it
     try:
         cm.__enter__()

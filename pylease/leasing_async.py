@@ -393,7 +393,7 @@ if True:  # ASYNC
             poll_interval=poll_interval,
             cancel_on_lost=cancel_on_lost,
         )
-        return await _run_in(cm, work)
+        return await run_in(cm, work)
 
 else:
 
@@ -484,11 +484,12 @@ else:
             heartbeat_target=heartbeat_target,
             poll_interval=poll_interval,
         )
-        return await _run_in(cm, work)
+        return await run_in(cm, work)
 
 
-async def _run_in(cm: AsyncLease, work: Callable[[], Awaitable[T]]) -> Outcome[T]:
-    """Run ``work()`` inside ``cm``; a busy lease is ``Outcome(False, None)``."""
+async def run_in(cm: AsyncLease, work: Callable[[], Awaitable[T]]) -> Outcome[T]:
+    """Run ``work()`` inside the block ``cm`` (a lease's, permits', several names');
+    a busy claim is ``Outcome(False, None)``."""
     cm.want_holder = False  # a busy lease is silent here: no need to ask who holds it
     try:
         await cm.__aenter__()
