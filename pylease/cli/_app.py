@@ -118,17 +118,24 @@ class _NamesThenCommand(_Command):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         cmd: list[str] = []
-        if "--" in args:
+        dashes = "--" in args
+        if dashes:
             at = args.index("--")
             args, cmd = args[:at], args[at + 1 :]
-        rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
+        where = (
+            f"the command goes after --, the names before it "
+            f"({ctx.command_path} NAME [NAME...] [OPTIONS] {CMD_USAGE})"
+        )
+        try:
+            rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
+        except _UsageError as error:
+            if dashes or type(error).__name__ != "NoSuchOption":
+                raise
+            # Without --, an option of the command reads as one of ours (`ls -l`).
+            said = str(error.format_message())  # type: ignore[attr-defined]
+            raise _UsageError(f"{said}; {where}", ctx) from None
         if not cmd and not ctx.resilient_parsing:  # (shell completion parses resiliently)
-            error = _UsageError(
-                f"Missing argument '{CMD_USAGE}': the command goes after --, the names "
-                f"before it ({ctx.command_path} NAME [NAME...] [OPTIONS] {CMD_USAGE})",
-                ctx,
-            )
-            raise error
+            raise _UsageError(f"Missing argument '{CMD_USAGE}': {where}", ctx)
         ctx.meta[CMD] = cmd
         return rest
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from pylease import durations
 from pylease._claims import default_holder
-from pylease._held import Options
 from pylease._operations import LeaseRow
 from pylease.cli import _render
 from pylease.cli._app import command
@@ -46,6 +45,9 @@ from pylease.cli._render import Busy
 from pylease.errors import (
     LeaseBusy,
 )
+
+if TYPE_CHECKING:
+    from pylease._held import Options
 
 
 @command()

@@ -316,6 +316,14 @@ def test_run_without_double_dash_is_a_usage_error_that_says_where_it_goes(db: Db
     assert "the command goes after --, the names before it" in line
     assert db.backend().status() == []
 
+    # Without --, the command's own option reads as one of pylease's: said so.
+    option = cli("run", "a", "--ttl", "1m", "--dsn", db.url, "ls", "-l")
+    assert option.exit_code == 2
+    assert option.stderr.startswith(
+        "pylease: No such option: -l; the command goes after --, the names before it"
+    ), option.stderr
+    assert db.backend().status() == []
+
     no_name = cli("run", "--ttl", "1m", "--dsn", db.url, "--", "echo", "hi")
     assert no_name.exit_code == 2
     assert "Missing argument 'NAME [NAME...]'" in no_name.stderr
