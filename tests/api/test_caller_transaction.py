@@ -2,9 +2,9 @@
 and leases dropped without leaving their block (item 15), on a real PostgreSQL and SQLite.
 
 The lease must stay held, and renewed, until the caller's transaction has ended, so that
-the next holder reads what the block wrote (permits and several names as well); a SQLite connection inside a transaction and
-an in-memory SQLite database are refused. Django's and SQLAlchemy's transactions are in
-tests/integrations/.
+the next holder reads what the block wrote (permits and several names as well); a SQLite
+connection inside a transaction and an in-memory SQLite database are refused. Django's
+and SQLAlchemy's transactions are in tests/integrations/.
 """
 
 from __future__ import annotations

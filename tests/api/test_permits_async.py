@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -28,7 +27,7 @@ from tests.support.leases import (
     track_functions,
     wait_until,
 )
-from tests.support.safety_kit import KINDS, Db, make_db
+from tests.support.safety_kit import Db
 
 T = TypeVar("T")
 
@@ -38,14 +37,6 @@ HOUR = timedelta(hours=1)
 BOUND = 30.0
 # A wait whose deadline (and its last claim) comes only after BOUND has failed a test.
 PATIENT = 4 * BOUND
-
-
-@pytest.fixture(params=KINDS)
-def db(
-    request: pytest.FixtureRequest, fresh_db: Any, pg_template: str, tmp_path: Path
-) -> Iterator[Db]:
-    with make_db(request.param, lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 def no_poll(db: Db) -> float | None:

@@ -15,13 +15,12 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.cli.test_run import finish, pylease, start, wait_for
 from tests.support.cli import cli, ok
-from tests.support.safety_kit import KINDS, Db, make_db
+from tests.support.safety_kit import Db
 
 HOUR = timedelta(hours=1)
 NAME = "export"
@@ -36,14 +35,6 @@ STOPPABLE = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
     "open(sys.argv[1], 'a').write('ready\\n'); time.sleep(60)"
 )
-
-
-@pytest.fixture(params=KINDS)
-def db(
-    request: pytest.FixtureRequest, fresh_db: Any, pg_template: str, tmp_path: Path
-) -> Iterator[Db]:
-    with make_db(request.param, lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 @pytest.fixture
