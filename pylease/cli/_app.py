@@ -52,6 +52,7 @@ ORDER = (
     "status",
     "permits",
     "history",
+    "prune",
     "prune-history",
     "metrics",
     "leader",
