@@ -12,13 +12,9 @@ from __future__ import annotations
 import multiprocessing
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-from tests.support.safety_kit import KINDS, Db, make_db
+from tests.support.safety_kit import Db
 from tests.support.witness import Witness
 
 NAME = "exports"
@@ -26,14 +22,6 @@ LIMIT = 2
 WORKERS = 4
 RUN_FOR = 6.0
 BOUND = 120.0
-
-
-@pytest.fixture(params=KINDS)
-def db(
-    request: pytest.FixtureRequest, fresh_db: Any, pg_template: str, tmp_path: Path
-) -> Iterator[Db]:
-    with make_db(request.param, lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 def hammer(url: str, witness: Witness, seed: int) -> None:
