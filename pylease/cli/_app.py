@@ -50,6 +50,7 @@ ORDER = (
     "release",
     "steal",
     "status",
+    "permits",
     "history",
     "prune",
     "prune-history",
@@ -104,6 +105,45 @@ class _Command(TyperCommand):
             raise
 
 
+#: Where :class:`_NamesThenCommand` leaves the command after ``--``.
+CMD = "pylease.cmd"
+CMD_USAGE = "-- CMD [ARG...]"
+
+
+class _NamesThenCommand(_Command):
+    """``NAME [NAME...] -- CMD [ARG...]``: the names before ``--``, the command after it.
+
+    Only ``--`` tells names from the command (``run a b c`` could be the names a, b and
+    c, or a running ``b c``), so it is required; the command is in ``ctx.meta[CMD]``.
+    """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        cmd: list[str] = []
+        dashes = "--" in args
+        if dashes:
+            at = args.index("--")
+            args, cmd = args[:at], args[at + 1 :]
+        where = (
+            f"the command goes after --, the names before it "
+            f"({ctx.command_path} NAME [NAME...] [OPTIONS] {CMD_USAGE})"
+        )
+        try:
+            rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
+        except _UsageError as error:
+            if dashes or type(error).__name__ != "NoSuchOption":
+                raise
+            # Without --, an option of the command reads as one of ours (`ls -l`).
+            said = str(error.format_message())  # type: ignore[attr-defined]
+            raise _UsageError(f"{said}; {where}", ctx) from None
+        if not cmd and not ctx.resilient_parsing:  # (shell completion parses resiliently)
+            raise _UsageError(f"Missing argument '{CMD_USAGE}': {where}", ctx)
+        ctx.meta[CMD] = cmd
+        return rest
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), CMD_USAGE]
+
+
 class _Group(TyperGroup):
     """Commands in the order a newcomer needs them; one-line usage errors."""
 
@@ -137,8 +177,18 @@ app = typer.Typer(
 )
 
 
-def command(**kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return app.command(cls=_Command, **kwargs)
+def command(
+    *, names_then_command: bool = False, **kwargs: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command of the app; with ``names_then_command``, one that takes
+    ``NAME [NAME...] -- CMD [ARG...]`` (the command: :func:`command_of`)."""
+    return app.command(cls=_NamesThenCommand if names_then_command else _Command, **kwargs)
+
+
+def command_of(ctx: typer.Context) -> list[str]:
+    """The command after ``--`` of a ``names_then_command`` command."""
+    cmd: list[str] = ctx.meta[CMD]
+    return cmd
 
 
 def _version(value: bool) -> None:
