@@ -34,7 +34,7 @@ IDS = [
     "pylease-0008-permits",
     "pylease-0009-keeper",
     "pylease-0010-prune",
-    "pylease-0014-groups",
+    "pylease-0011-groups",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

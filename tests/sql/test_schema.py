@@ -33,7 +33,7 @@ MIGRATIONS = [
     "pylease-0008-permits",
     "pylease-0009-keeper",
     "pylease-0010-prune",
-    "pylease-0014-groups",
+    "pylease-0011-groups",
 ]
 FUNCTIONS = (
     "lease_claim",

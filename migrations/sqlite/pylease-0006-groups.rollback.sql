@@ -1,4 +1,4 @@
--- pylease 0008 rollback (SQLite): no groups (every group and member is lost).
+-- pylease 0006 rollback (SQLite): no groups (every group and member is lost).
 DROP TRIGGER pylease_members_update_check;
 DROP TRIGGER pylease_members_insert_check;
 DROP TABLE pylease_members;

@@ -1,4 +1,4 @@
--- pylease 0008 (SQLite): groups (contract revision 3, section 5.5). Keep
+-- pylease 0006 (SQLite): groups (contract revision 3, section 5.5). Keep
 -- sql/sqlite/schema.sql in step (a test compares).
 --   * pylease_groups: one row per group ever joined, with the last incarnation it
 --     issued, so that incarnations never go back though members' rows are deleted;

@@ -1,4 +1,4 @@
--- pylease 0014: groups, membership and partitions (contract revision 3, section 5.5;
+-- pylease 0011: groups, membership and partitions (contract revision 3, section 5.5;
 -- issue 27). Keep sql/postgres/schema.sql in step.
 --   * pylease_groups: one row per group ever joined, with the last incarnation it
 --     issued, so that incarnations never go back though members' rows are deleted;

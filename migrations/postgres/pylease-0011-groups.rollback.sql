@@ -1,4 +1,4 @@
--- Undo pylease 0014: no groups. Every group and member is lost (partition leases,
+-- Undo pylease 0011: no groups. Every group and member is lost (partition leases,
 -- ordinary leases, stay).
 
 DO $pin$
