@@ -26,8 +26,14 @@ from pylease._operations import (
     CLAIM_WAITING,
     CLAIM_WAITING_LOOKING,
     COUNTERS,
+    GROUP_ASSIGNMENT,
+    GROUP_JOIN,
+    GROUP_LEAVE,
+    GROUP_MEMBERS,
+    GROUP_RENEW,
     HISTORY,
     HOLDS,
+    MEMBER_HOLDS,
     NEW_TENURE,
     PERMIT_CLAIM,
     PERMIT_HOLDS,
@@ -53,6 +59,7 @@ from pylease._operations import (
     CounterRow,
     LeaseEvent,
     LeaseRow,
+    MemberRow,
     Operation,
     PageRow,
     PermitRow,
@@ -73,6 +80,10 @@ def _worn(message: str) -> str | None:
 
 def _span(parameter: str, value: object) -> timedelta | None:
     return None if value is None else _checks.span(parameter, value)
+
+
+def _incarnation(value: object) -> int | None:
+    return None if value is None else _checks.fence(value, "incarnation")
 
 
 class AsyncBackend:
@@ -331,6 +342,67 @@ class AsyncBackend:
         params = (_checks.names(names), _checks.key("holder", holder))
         result: list[tuple[str, bool]] = await self._call(RELEASE_ALL, params, None)
         return result
+
+    # Groups (contract 5.5)
+
+    async def group_join(
+        self, grp: str, member: str, ttl: timedelta, data: object = None
+    ) -> int | None:
+        """``group_join``: the member's incarnation; None when that member name is live.
+
+        :param data: a JSON value published with the member (None: none).
+        """
+        params = (
+            _checks.group(grp),
+            _checks.key("member", member),
+            _checks.ttl(ttl),
+            _checks.data(data),
+        )
+        result: int | None = await self._call(GROUP_JOIN, params, grp)
+        return result
+
+    async def group_renew(
+        self,
+        grp: str,
+        member: str,
+        ttl: timedelta | None = None,
+        incarnation: int | None = None,
+    ) -> bool:
+        """``group_renew``: True when the member was live (of ``incarnation``, unless
+        None), and is extended, never earlier."""
+        span = None if ttl is None else _checks.ttl(ttl)
+        params = (
+            _checks.group(grp),
+            _checks.key("member", member),
+            span,
+            _incarnation(incarnation),
+        )
+        return bool(await self._call(GROUP_RENEW, params, grp))
+
+    async def group_leave(self, grp: str, member: str, incarnation: int | None = None) -> bool:
+        """``group_leave``: True when the member was live (of ``incarnation``, unless None)."""
+        params = (_checks.group(grp), _checks.key("member", member), _incarnation(incarnation))
+        return bool(await self._call(GROUP_LEAVE, params, grp))
+
+    async def group_members(self, grp: str) -> list[MemberRow]:
+        """``group_members``: the live members, ordered by member."""
+        result: list[MemberRow] = await self._call(GROUP_MEMBERS, (_checks.group(grp),), grp)
+        return result
+
+    async def member_holds(self, grp: str, member: str, incarnation: int) -> bool:
+        params = (
+            _checks.group(grp),
+            _checks.key("member", member),
+            _checks.fence(incarnation, "incarnation"),
+        )
+        return bool(await self._call(MEMBER_HOLDS, params, grp))
+
+    async def group_assignment(self, grp: str, partitions: int) -> dict[int, str]:
+        """``group_assignment``: partition -> member, for partitions 0 .. partitions - 1;
+        empty when the group has no live member."""
+        params = (_checks.group(grp), _checks.partitions(partitions))
+        rows = await self._call(GROUP_ASSIGNMENT, params, grp)
+        return {part: member for part, member in rows}
 
     # Waiting (PostgreSQL): the engine of pylease._waiting_async calls these.
 

@@ -9,6 +9,7 @@ the argument as the SQL takes it (spans as ``timedelta``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -130,16 +131,17 @@ def wait(value: object, parameter: str = "wait") -> float:
     return span(parameter, value).total_seconds()
 
 
-def fence(value: object) -> int:
-    """A fence token: an int that fits a bigint."""
+def fence(value: object, parameter: str = "fence") -> int:
+    """A fence token (or a member's incarnation): an int that fits a bigint."""
     if value is None:
-        raise InvalidArgument("pylease: fence must not be NULL", parameter="fence")
+        raise InvalidArgument(f"pylease: {parameter} must not be NULL", parameter=parameter)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(
-            f"pylease: fence must be an int, not {type(value).__name__}", parameter="fence"
+            f"pylease: {parameter} must be an int, not {type(value).__name__}",
+            parameter=parameter,
         )
     if not -(2**63) <= value < 2**63:
-        raise InvalidArgument("pylease: fence is out of range", parameter="fence")
+        raise InvalidArgument(f"pylease: {parameter} is out of range", parameter=parameter)
     return value
 
 
@@ -309,3 +311,40 @@ def kinds(values: object, length: int) -> list[str]:
             parameter="kinds",
         )
     return result
+
+
+MAX_GROUP_LENGTH = 190
+MAX_PARTITIONS = 1024
+MAX_DATA_LENGTH = 8192
+
+
+def group(value: object) -> str:
+    """A group's name: a key of at most 190 characters, so that ``"<grp>#<part>"``, the
+    name of a partition's lease, is a key too."""
+    if isinstance(value, str) and len(value) > MAX_GROUP_LENGTH:
+        raise InvalidArgument(
+            f"pylease: grp must be at most {MAX_GROUP_LENGTH} characters", parameter="grp"
+        )
+    return key("grp", value)
+
+
+def partitions(value: object) -> int:
+    """A group's number of partitions: an int from 1 to 1,024."""
+    return count("partitions", value, MAX_PARTITIONS, str(MAX_PARTITIONS))
+
+
+def data(value: object) -> str | None:
+    """A member's data as JSON text (None: no data): at most 8,192 characters of it."""
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"pylease: data must be JSON: {exc}", parameter="data") from None
+    if len(text) > MAX_DATA_LENGTH:
+        raise InvalidArgument(
+            f"pylease: data must be at most {MAX_DATA_LENGTH} characters as JSON text",
+            parameter="data",
+        )
+    return text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, LiteralString
+from typing import Any, LiteralString, NewType
 
 
 class Kind(enum.Enum):
@@ -148,6 +148,24 @@ class PermitRow:
     #: ``held``, ``released`` or ``expired`` (its ttl ran out without a release).
     state: str
     ttl: timedelta
+
+
+#: A JSON value as it was stored (a member's data): PostgreSQL's jsonb, SQLite's JSON text.
+Json = NewType("Json", object)
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One row of ``group_members``: a live member of a group."""
+
+    member: str
+    #: Its incarnation: a fence, larger than any the group issued before it.
+    incarnation: int
+    joined_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    #: The JSON value it joined with (None: none).
+    data: Json
 
 
 # The operations ----------------------------------------------------------------------
@@ -330,6 +348,51 @@ RELEASE_ALL = Operation(
     tuple,
 )
 
+# Groups (contract 5.5): members, and the assignment of partitions to them. A renewal
+# and a leave name the incarnation they mean (NULL: whichever is live).
+GROUP_JOIN = Operation(
+    "group_join",
+    GRANT,
+    "SELECT group_join(%s, %s, %s, %s::jsonb)",
+    ("grp", "member", "ttl_seconds", "data"),
+    VALUE,
+)
+GROUP_RENEW = Operation(
+    "group_renew",
+    GRANT,
+    "SELECT group_renew(%s, %s, %s, %s::bigint)",
+    ("grp", "member", "ttl_seconds", "incarnation"),
+    FLAG,
+)
+GROUP_LEAVE = Operation(
+    "group_leave",
+    WRITE,
+    "SELECT group_leave(%s, %s, %s::bigint)",
+    ("grp", "member", "incarnation"),
+    FLAG,
+)
+GROUP_MEMBERS = Operation(
+    "group_members",
+    READ,
+    "SELECT member, incarnation, joined_at, renewed_at, expires_at, data FROM group_members(%s)",
+    ("grp",),
+    MemberRow,
+)
+MEMBER_HOLDS = Operation(
+    "member_holds",
+    READ,
+    "SELECT member_holds(%s, %s, %s)",
+    ("grp", "member", "incarnation"),
+    FLAG,
+)
+GROUP_ASSIGNMENT = Operation(
+    "group_assignment",
+    READ,
+    "SELECT part, member FROM group_assignment(%s, %s::integer)",
+    ("grp", "partitions"),
+    tuple,
+)
+
 # The keeper's renewal across kinds (contract 5, "the keeper across kinds"): internal,
 # not in the contract. One statement renews the leases and the semaphore slots of a
 # process, each element at its own ttl.
@@ -368,6 +431,12 @@ OPERATIONS = (
     PERMIT_REVOKE,
     CLAIM_ALL,
     RELEASE_ALL,
+    GROUP_JOIN,
+    GROUP_RENEW,
+    GROUP_LEAVE,
+    GROUP_MEMBERS,
+    MEMBER_HOLDS,
+    GROUP_ASSIGNMENT,
     RENEW_HELD,
 )
 

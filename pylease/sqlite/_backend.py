@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pylease import _operations
 from pylease._backend import Backend
 from pylease._backend_async import AsyncBackend
-from pylease._operations import COUNT, FLAG, GRANT, READ, VALUE, Operation, Renewal
+from pylease._operations import COUNT, FLAG, GRANT, READ, VALUE, Json, Operation, Renewal
 from pylease._resources import data_dir
 from pylease.errors import DatabaseUnavailable, FenceExhausted, InvalidArgument
 from pylease.sqlite._connection import DEFAULT_BUSY_TIMEOUT
@@ -228,13 +228,15 @@ def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else convert(value)
 
 
-# SQLite's numbers as a row class's field types (its INTEGERs are ints already).
+# SQLite's numbers (and JSON text) as a row class's field types (its INTEGERs are ints
+# already).
 _BY_TYPE: dict[Any, Callable[[Any], Any]] = {
     datetime: _when,
     timedelta: _span,
     bool: bool,
     datetime | None: _optional(_when),
     timedelta | None: _optional(_span),
+    Json: _optional(json.loads),
 }
 
 

@@ -1366,6 +1366,180 @@ SCENARIOS += [
             NOTHING_STORED,
         ],
     ),
+    # groups (contract 5.5) ---------------------------------------------------------
+    (
+        "group: a join gets an incarnation; a live member name is refused and changes nothing",
+        [
+            ("group_join", ("g", "a", LONG), 1),
+            ("group_join", ("g", "b", LONG, {"role": "indexer", "n": [1, 2]}), 2),
+            ("field_member", ("g", "a", "expires_at"), Keep("e")),
+            ("group_join", ("g", "a", DAY), None),
+            ("field_member", ("g", "a", "expires_at"), Same("e")),
+            (
+                "group_members",
+                ("g",),
+                [("a", 1, None), ("b", 2, {"role": "indexer", "n": [1, 2]})],
+            ),
+            ("group_members", ("other",), []),
+        ],
+    ),
+    (
+        "group: incarnations grow across the group, after a leave and after an expiry",
+        [
+            ("group_join", ("g", "a", SHORT), 1),
+            ("group_join", ("g", "b", LONG), 2),
+            sleep_past_short(),
+            ("group_members", ("g",), [("b", 2, None)]),
+            ("group_join", ("g", "a", LONG, "back"), 3),
+            ("group_leave", ("g", "a"), True),
+            ("group_join", ("g", "a", LONG), 4),
+            ("group_members", ("g",), [("a", 4, None), ("b", 2, None)]),
+            ("group_join", ("h", "a", LONG), 1),
+        ],
+    ),
+    (
+        "group: a member that joins is live from the database clock, for its ttl",
+        [
+            ("group_join", ("g", "a", LONG), 1),
+            ("field_member", ("g", "a", "joined_at"), Keep("t")),
+            ("field_member", ("g", "a", "renewed_at"), Same("t")),
+            ("member_span", ("g", "a"), LONG),
+        ],
+    ),
+    (
+        "group: renew extends a live member, never earlier, and not once it is gone",
+        [
+            ("group_join", ("g", "a", DAY), 1),
+            ("field_member", ("g", "a", "expires_at"), Keep("e")),
+            ("group_renew", ("g", "a", SHORT), True),
+            ("field_member", ("g", "a", "expires_at"), Same("e")),
+            ("group_renew", ("g", "a", None, 1), True),
+            ("group_renew", ("g", "a", LONG, 2), False),
+            ("group_renew", ("g", "nobody"), False),
+            ("group_renew", ("other", "a"), False),
+            ("group_join", ("g", "b", SHORT), 2),
+            sleep_past_short(),
+            ("group_renew", ("g", "b", LONG), False),
+            ("group_members", ("g",), [("a", 1, None)]),
+        ],
+    ),
+    (
+        "group: leave is member-matched and incarnation-matched",
+        [
+            ("group_join", ("g", "a", LONG), 1),
+            ("group_join", ("g", "b", LONG), 2),
+            ("group_leave", ("g", "b", 1), False),
+            ("group_leave", ("g", "nobody"), False),
+            ("group_members", ("g",), [("a", 1, None), ("b", 2, None)]),
+            ("group_leave", ("g", "b", 2), True),
+            ("group_leave", ("g", "b"), False),
+            ("group_members", ("g",), [("a", 1, None)]),
+            ("group_renew", ("g", "b"), False),
+        ],
+    ),
+    (
+        "group: member_holds is true only for the live incarnation",
+        [
+            ("group_join", ("g", "a", LONG), 1),
+            ("member_holds", ("g", "a", 1), True),
+            ("member_holds", ("g", "a", 2), False),
+            ("member_holds", ("g", "nobody", 1), False),
+            ("member_holds", ("other", "a", 1), False),
+            ("group_leave", ("g", "a"), True),
+            ("member_holds", ("g", "a", 1), False),
+            ("group_join", ("g", "a", SHORT), 2),
+            ("member_holds", ("g", "a", 1), False),
+            ("member_holds", ("g", "a", 2), True),
+            sleep_past_short(),
+            ("member_holds", ("g", "a", 2), False),
+        ],
+    ),
+    (
+        "group: the assignment is the documented one, and a leave moves only its partitions",
+        [
+            ("group_assignment", ("g", 8), {}),
+            ("group_join", ("g", "c", LONG), 1),
+            ("group_join", ("g", "b", LONG), 2),
+            ("group_join", ("g", "a", LONG), 3),
+            (
+                "group_assignment",
+                ("g", 8),
+                {0: "c", 1: "b", 2: "a", 3: "c", 4: "a", 5: "a", 6: "b", 7: "b"},
+            ),
+            ("group_leave", ("g", "b"), True),
+            (
+                "group_assignment",
+                ("g", 8),
+                {0: "c", 1: "c", 2: "a", 3: "c", 4: "a", 5: "a", 6: "a", 7: "c"},
+            ),
+            ("group_assignment", ("g", 1), {0: "a"}),
+            ("group_join", ("u", "é", LONG), 1),
+            ("group_join", ("u", "e", LONG), 2),
+            ("group_join", ("u", "\U0001f600", LONG), 3),
+            ("group_assignment", ("u", 5), {0: "e", 1: "é", 2: "e", 3: "é", 4: "\U0001f600"}),
+        ],
+    ),
+    (
+        "group: names of 190 and members of 200 characters; incarnations exhausted",
+        [
+            ("group_join", ("g" * 190, LONG_NAME, LONG), 1),
+            ("member_holds", ("g" * 190, LONG_NAME, 1), True),
+            ("group_join", ("g", "x", LONG), 1),
+            ("force_group", ("g", MAX_FENCE - 1), None),
+            ("group_join", ("g", "a", LONG), MAX_FENCE),
+            ("group_join", ("g", "b", LONG), Exhausted("g")),
+            ("group_members", ("g",), [("a", MAX_FENCE, None), ("x", 1, None)]),
+        ],
+    ),
+    (
+        "group: bad arguments raise, naming the parameter, and store nothing",
+        [
+            ("group_join", (None, "a", LONG), Raises("pylease: grp must not be NULL")),
+            ("group_join", ("", "a", LONG), Raises("pylease: grp must not be empty")),
+            (
+                "group_join",
+                ("g" * 191, "a", LONG),
+                Raises("pylease: grp must be at most 190 characters"),
+            ),
+            ("group_join", ("g", None, LONG), Raises("pylease: member must not be NULL")),
+            ("group_join", ("g", "", LONG), Raises("pylease: member must not be empty")),
+            (
+                "group_join",
+                ("g", TOO_LONG, LONG),
+                Raises("pylease: member must be at most 200 characters"),
+            ),
+            ("group_join", ("g", "a", timedelta(0)), Raises("pylease: ttl must be positive")),
+            ("group_join", ("g", "a", -LONG), Raises("pylease: ttl must be positive")),
+            (
+                "group_join",
+                ("g", "a", timedelta(days=367)),
+                Raises("pylease: ttl must be at most 366 days"),
+            ),
+            (
+                "group_join",
+                ("g", "a", LONG, "x" * 8191),
+                Raises("pylease: data must be at most 8192 characters as JSON text"),
+            ),
+            ("group_renew", ("g", "a", timedelta(0)), Raises("pylease: ttl must be positive")),
+            ("group_renew", ("", "a"), Raises("pylease: grp must not be empty")),
+            ("group_leave", ("g", None), Raises("pylease: member must not be NULL")),
+            ("group_members", (None,), Raises("pylease: grp must not be NULL")),
+            (
+                "member_holds",
+                ("g", "a", None),
+                Raises("pylease: incarnation must not be NULL"),
+            ),
+            ("group_assignment", ("g", 0), Raises("pylease: partitions must be at least 1")),
+            (
+                "group_assignment",
+                ("g", 1025),
+                Raises("pylease: partitions must be at most 1024"),
+            ),
+            ("group_assignment", ("g", None), Raises("pylease: partitions must not be NULL")),
+            ("group_members", ("g",), []),
+            NOTHING_STORED,
+        ],
+    ),
 ]
 
 
@@ -1423,6 +1597,20 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         # is the backend's choice.
         rows = backend.permit_status(*args)
         return sorted(r.holder for r in rows if r.held)
+    if operation == "field_member":
+        grp, member, attribute = args
+        rows = [r for r in backend.group_members(grp) if r.member == member]
+        assert len(rows) == 1, rows
+        return getattr(rows[0], attribute)
+    if operation == "member_span":
+        # expires_at - renewed_at of a member, to the millisecond.
+        grp, member = args
+        [row] = [r for r in backend.group_members(grp) if r.member == member]
+        return timedelta(milliseconds=round((row.expires_at - row.renewed_at) / MILLISECOND))
+    if operation == "force_group":
+        grp, incarnation = args
+        _sql(backend, "UPDATE pylease_groups SET incarnation = %s WHERE grp = %s", incarnation, grp)
+        return None
     if operation == "setting":
         if isinstance(backend, SqliteBackend):
             set_history(backend.conn, args[0])
@@ -1437,6 +1625,8 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         return [(c.name, c.grants, c.takeovers, c.steals, c.releases) for c in result]
     if operation == "status":
         return [(r.name, r.holder, r.fence, r.held) for r in result]
+    if operation == "group_members":
+        return [(r.member, r.incarnation, r.data) for r in result]
     if operation == "status_page":
         return [(r.name, r.holder, r.fence, r.held, r.grants, r.matching) for r in result]
     if operation == "renew_each":

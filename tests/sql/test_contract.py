@@ -159,11 +159,26 @@ PERMIT_SIGNATURES = {
     "permit_set_max": ("name text, max_permits integer", "void"),
     "permit_revoke": ("name text, holder text", "boolean"),
 }
+GROUP_SIGNATURES = {
+    "group_join": ("grp text, member text, ttl interval, data jsonb DEFAULT NULL::jsonb", "bigint"),
+    "group_renew": ("grp text, member text, ttl interval DEFAULT NULL::interval", "boolean"),
+    "group_leave": ("grp text, member text", "boolean"),
+    "group_members": (
+        "grp text",
+        "TABLE(member text, incarnation bigint, joined_at timestamp with time zone,"
+        " renewed_at timestamp with time zone, expires_at timestamp with time zone, data jsonb)",
+    ),
+    "member_holds": ("grp text, member text, incarnation bigint", "boolean"),
+    "group_assignment": ("grp text, partitions integer", "TABLE(part integer, member text)"),
+}
 # Overloads, beside the signature above: another number of arguments, no DEFAULT
 # that would make a shorter call ambiguous.
 OVERLOADS = {
     # 0006: the release of one tenure (contract 5.6).
     "lease_release": ("name text, holder text, min_hold interval, fence bigint", "boolean"),
+    # Groups: a renewal and a leave of one incarnation (NULL: whichever is live).
+    "group_renew": ("grp text, member text, ttl interval, incarnation bigint", "boolean"),
+    "group_leave": ("grp text, member text, incarnation bigint", "boolean"),
 }
 
 
@@ -172,11 +187,13 @@ def test_every_function_has_the_contract_signature(conn: Conn) -> None:
     for name, args, result in conn.execute(
         "SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)"
         "  FROM pg_proc AS p WHERE p.pronamespace = 'public'::regnamespace"
-        "   AND (p.proname LIKE 'lease\\_%' OR p.proname LIKE 'permit\\_%')"
+        "   AND (p.proname LIKE 'lease\\_%' OR p.proname LIKE 'permit\\_%'"
+        "        OR p.proname LIKE 'group\\_%' OR p.proname = 'member_holds')"
     ):
         found.setdefault(name, set()).add((args, result))
     expected = {
-        name: {signature} for name, signature in {**SIGNATURES, **PERMIT_SIGNATURES}.items()
+        name: {signature}
+        for name, signature in {**SIGNATURES, **PERMIT_SIGNATURES, **GROUP_SIGNATURES}.items()
     }
     for name, signature in OVERLOADS.items():
         expected[name].add(signature)

@@ -34,6 +34,7 @@ IDS = [
     "pylease-0008-permits",
     "pylease-0009-keeper",
     "pylease-0010-prune",
+    "pylease-0011-groups",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
@@ -159,7 +160,9 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "_yoyo_version",
         "pylease_events",
         "pylease_fence_floors",
+        "pylease_groups",
         "pylease_leases",
+        "pylease_members",
         "pylease_names",
         "pylease_permits",
         "pylease_waiters",

@@ -33,6 +33,7 @@ MIGRATIONS = [
     "pylease-0008-permits",
     "pylease-0009-keeper",
     "pylease-0010-prune",
+    "pylease-0011-groups",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -59,6 +60,12 @@ FUNCTIONS = (
     "permit_status",
     "permit_set_max",
     "permit_revoke",
+    "group_join",
+    "group_renew",
+    "group_leave",
+    "group_members",
+    "member_holds",
+    "group_assignment",
     # Internal (not in the contract), called by the keeper as the application's role:
     # SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
     "pylease_renew_held",
@@ -77,9 +84,12 @@ HELPERS = (
     "pylease_register_lease",
     "pylease_fence_floor",
     "pylease_floor_slot",
+    "pylease_check_group",
+    "pylease_check_data",
+    "pylease_assignment",
 )
 # The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
-WAITING_CLAIMS = ("lease_claim", "lease_claim_new", "lease_claim_all", "permit_claim")
+WAITING_CLAIMS = ("lease_claim", "lease_claim_new", "lease_claim_all", "permit_claim", "group_join")
 # Every object pylease owns is named like this; yoyo's bookkeeping is not ours.
 OURS = "(lease\\_%|pylease\\_%)"
 NOT_YOYO = "NOT (c.relname LIKE '\\_yoyo%' OR c.relname LIKE '\\_pylease\\_yoyo%')"
@@ -178,9 +188,14 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_events_name_at",
         "pylease_fence_floors",
         "pylease_fence_floors_pkey",
+        "pylease_groups",
+        "pylease_groups_pkey",
         "pylease_leases",
         "pylease_leases_fence",
         "pylease_leases_pkey",
+        "pylease_members",
+        "pylease_members_incarnation",
+        "pylease_members_pkey",
         "pylease_names",
         "pylease_names_pkey",
         "pylease_permits",
@@ -194,7 +209,7 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_waiters_name_waiter_key",
         "pylease_waiters_pkey",
     ]
-    assert len(expected["constraints"]) == 19
+    assert len(expected["constraints"]) == 25
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
@@ -235,6 +250,8 @@ def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn
         "pylease_names",
         "pylease_permits",
         "pylease_fence_floors",
+        "pylease_groups",
+        "pylease_members",
     ],
 )
 def test_public_has_no_privilege_on_the_tables(conn: Conn, table: str) -> None:
@@ -376,6 +393,31 @@ def test_a_role_with_only_execute_can_use_permits_and_several_names(
         "SELECT * FROM pylease_names",
         "UPDATE pylease_permits SET holder = 'thief'",
         "DELETE FROM pylease_names",
+    ):
+        with pytest.raises(pg_errors.InsufficientPrivilege):
+            conn.execute(forbidden)  # type: ignore[call-overload]
+
+
+def test_a_role_with_only_execute_can_use_groups(conn: Conn, app_role: str) -> None:
+    set_role(conn, app_role)
+    assert conn.execute("SELECT group_join('g', 'me', %s, '{\"at\": 1}')", (HOUR,)).fetchone() == (
+        1,
+    )
+    assert conn.execute("SELECT group_renew('g', 'me')").fetchone() == (True,)
+    assert conn.execute("SELECT group_renew('g', 'me', NULL, 1)").fetchone() == (True,)
+    assert conn.execute("SELECT member, data FROM group_members('g')").fetchall() == [
+        ("me", {"at": 1})
+    ]
+    assert conn.execute("SELECT member_holds('g', 'me', 1)").fetchone() == (True,)
+    assert conn.execute("SELECT count(*) FROM group_assignment('g', 8)").fetchone() == (8,)
+    assert conn.execute("SELECT group_leave('g', 'me', 1)").fetchone() == (True,)
+    assert conn.execute("SELECT group_join('g', 'me', %s)", (HOUR,)).fetchone() == (2,)
+    assert conn.execute("SELECT group_leave('g', 'me')").fetchone() == (True,)
+    for forbidden in (
+        "SELECT * FROM pylease_members",
+        "UPDATE pylease_groups SET incarnation = 0",
+        "SELECT * FROM pylease_assignment('{a}', 1)",
+        "SELECT pylease_check_group('g')",
     ):
         with pytest.raises(pg_errors.InsufficientPrivilege):
             conn.execute(forbidden)  # type: ignore[call-overload]

@@ -73,6 +73,7 @@ SQLITE_MIGRATIONS = [
     "pylease-0003-operations",
     "pylease-0004-permits",
     "pylease-0005-prune",
+    "pylease-0006-groups",
 ]
 
 
