@@ -102,6 +102,30 @@ class _Command(TyperCommand):
             _usage_error_in_one_line(error, getattr(error, "ctx", None))
             raise
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if any(param.name == "cmd" for param in self.params):
+            self._check_separator(ctx, args)
+        return super().parse_args(ctx, args)
+
+    def _check_separator(self, ctx: Any, args: list[str]) -> None:
+        """NAME before ``--`` and CMD after it: ``run --ttl 1m -- echo hi`` would
+        otherwise claim a lease named ``echo`` and run ``hi``."""
+        cut = args.index("--") if "--" in args else len(args)
+        try:
+            before, _, _ = self.make_parser(ctx).parse_args(args=list(args[:cut]))
+        except _UsageError:
+            return  # an unknown option: the full parse below says which
+        if before.get("help"):
+            return
+        usage = f"{ctx.command_path} NAME [OPTIONS] -- CMD [ARG...]"
+        if before.get("cmd"):
+            words = " ".join(before["cmd"])
+            if cut < len(args):
+                raise _UsageError(f"CMD ({words}) goes after '--': {usage}", ctx)
+            raise _UsageError(f"'--' goes before CMD ({words}): {usage}", ctx)
+        if cut < len(args) and not before.get("name"):
+            raise _UsageError(f"NAME goes before '--': {usage}", ctx)
+
 
 class _Group(TyperGroup):
     """Commands in the order a newcomer needs them; one-line usage errors."""

@@ -27,6 +27,7 @@ from pylease.cli._options import (
     HolderOption,
     JsonOption,
     NameArg,
+    RequireDsnOption,
     SchemaOption,
     TtlOption,
     VerboseOption,
@@ -43,6 +44,7 @@ from pylease.errors import (
 @command()
 def migrate(
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: Annotated[
         str | None,
         typer.Option(
@@ -59,7 +61,7 @@ def migrate(
     Example: pylease migrate --dsn postgresql://app@db/app
     """
     with at_edge(verbose) as edge:
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         if store.sqlite:
             path = sqlite_module().path_of(store.url)
             existed = path.exists()
@@ -96,6 +98,7 @@ def claim(
         typer.Option("--quiet", "-q", help="No busy line on stderr (the exit code still says)."),
     ] = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -109,7 +112,7 @@ def claim(
     with at_edge(verbose) as edge:
         key("name", name)
         holder = key("holder", holder) if holder is not None else default_holder()
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         opts = lease_options(name, ttl, holder, wait)
         fence: int | None = None
         mine: LeaseRow | None = None
@@ -163,6 +166,7 @@ def renew(
         ),
     ] = None,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -173,7 +177,7 @@ def renew(
     with at_edge(verbose) as edge:
         key("name", name)
         key("holder", holder)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease renew") as (backend, _conn):
             renewed = backend.renew(name, holder, ttl)
         if not renewed:
@@ -195,6 +199,7 @@ def release(
         ),
     ] = None,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -205,7 +210,7 @@ def release(
     with at_edge(verbose) as edge:
         key("name", name)
         key("holder", holder)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease release") as (backend, _conn):
             released = backend.release(name, holder, min_hold)
         if not released:
@@ -237,6 +242,7 @@ def steal(
         ),
     ] = timedelta(0),
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -250,7 +256,7 @@ def steal(
     with at_edge(verbose) as edge:
         key("name", name)
         key("holder", holder)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease steal") as (backend, conn):
             fence = backend.steal(name, ttl, holder, older_than)
             row = next(iter(backend.status(name)), None) if fence is None else None

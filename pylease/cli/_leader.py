@@ -28,6 +28,7 @@ from pylease.cli._options import (
     KillAfterOption,
     OwnHolderOption,
     QuietOption,
+    RequireDsnOption,
     SchemaOption,
     VerboseOption,
     duration,
@@ -78,6 +79,7 @@ def leader(
     kill_after: KillAfterOption = KILL_AFTER,
     quiet: QuietOption = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -106,7 +108,7 @@ def leader(
     with at_edge(verbose) as edge:
         key("name", name)
         holder = key("holder", holder) if holder is not None else default_holder()
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
 
         def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
             campaign = Campaign(

@@ -30,6 +30,7 @@ from pylease.cli._options import (
     NameArg,
     OwnHolderOption,
     QuietOption,
+    RequireDsnOption,
     SchemaOption,
     TtlOption,
     VerboseOption,
@@ -85,6 +86,7 @@ def run(
     kill_after: KillAfterOption = KILL_AFTER,
     quiet: QuietOption = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -102,7 +104,7 @@ def run(
     with at_edge(verbose) as edge:
         key("name", name)
         holder = key("holder", holder) if holder is not None else default_holder()
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         opts = lease_options(name, ttl, holder, wait, min_hold)
 
         def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
