@@ -13,21 +13,40 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import sys
 import threading
 
-from pylease.errors import InvalidArgument
+from pylease.errors import InvalidArgument, LeaseBusy
 
 _lock = threading.Lock()
-_live: set[tuple[str, str]] = set()
+# name -> holder -> the thread or task that claimed it, for an exclusive claim (else None).
+_live: dict[str, dict[str, tuple[str, int] | None]] = {}
 
 
-def enter(name: str, holder: str) -> None:
+def _caller() -> tuple[str, int]:
+    """The task running this (on an event loop), else the thread."""
+    asyncio = sys.modules.get("asyncio")  # no task can run where asyncio was never loaded
+    if asyncio is not None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        if task is not None:
+            return ("task", id(task))
+    return ("thread", threading.get_ident())
+
+
+def enter(name: str, holder: str, *, exclusive: bool = False) -> None:
     """Record a claim of ``name`` by ``holder``.
 
     :raises InvalidArgument: the same holder already has a live lease of that name here.
+    :raises LeaseBusy: ``exclusive``, and the same thread or task holds the name
+        exclusively under another holder: its claim, nested in that block, would wait
+        for itself.
     """
     with _lock:
-        if (name, holder) in _live:
+        claims = _live.get(name, {})
+        if holder in claims:
             raise InvalidArgument(
                 f"pylease: holder {holder!r} already has a live lease {name!r} in this"
                 " process: a holder names one claim (use a holder of its own for each"
@@ -35,16 +54,21 @@ def enter(name: str, holder: str) -> None:
                 parameter="holder",
                 name=name,
             )
-        _live.add((name, holder))
+        caller = _caller() if exclusive else None
+        if caller is not None:
+            for other, by in claims.items():
+                if by == caller:
+                    raise LeaseBusy(name, holder=other, here=True)
+        _live.setdefault(name, {})[holder] = caller
 
 
-def enter_all(names: tuple[str, ...], holder: str) -> None:
+def enter_all(names: tuple[str, ...], holder: str, *, exclusive: bool = False) -> None:
     """Record the claims of ``names`` (one claim of several names) by ``holder``, all or
     none."""
     entered: list[str] = []
     try:
         for name in names:
-            enter(name, holder)
+            enter(name, holder, exclusive=exclusive)
             entered.append(name)
     except BaseException:
         leave_all(tuple(entered), holder)
@@ -59,14 +83,18 @@ def leave_all(names: tuple[str, ...], holder: str) -> None:
 def leave(name: str, holder: str) -> None:
     """Forget the claim; nothing if it was not recorded."""
     with _lock:
-        _live.discard((name, holder))
+        claims = _live.get(name)
+        if claims is not None:
+            claims.pop(holder, None)
+            if not claims:
+                del _live[name]
 
 
 def _after_fork() -> None:
     global _lock, _live
     # The lock may have been held by another thread at the fork: a new one.
     _lock = threading.Lock()
-    _live = set()
+    _live = {}
 
 
 if hasattr(os, "register_at_fork"):

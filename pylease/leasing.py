@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
 from pylease._caller_tx import Deferred
-from pylease._held import Held as Held
 from pylease._held import (
+    Held,
     Options,
     end_keep_fresh,
     finish,
@@ -61,6 +61,7 @@ class Lease:
     # A later block of the name in the caller's transaction may take a deferred lease
     # back; permits and several names are kept for the transaction, never taken back.
     _adoptable = True
+    _exclusive = True  # a nested block of the name is refused at once (contract 5.6)
 
     def __init__(
         self,
@@ -82,6 +83,14 @@ class Lease:
         self.on_busy: Callable[[Any], object] | None = None  # see acquire()
         self.stop: Stop | None = None  # see acquire()
 
+    def acquire(self) -> Held:
+        """Enter the block without ``with``: a lease held across callbacks."""
+        return self.__enter__()
+
+    def release(self) -> None:
+        """Leave it as the block does (:class:`LeaseLost` if the lease was lost)."""
+        self.__exit__(None, None, None)
+
     def __enter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: a lease() context manager can be entered once")
@@ -92,8 +101,9 @@ class Lease:
         holder = opts.holder or default_holder()
         names = self._names()
         # Before any I/O: one holder names one claim (a second live lease of this name
-        # with this holder would share the fence and be released under the first).
-        _claims.enter_all(names, holder)
+        # with this holder would share the fence and be released under the first), and
+        # a lease nested in a block of the same name would wait for itself.
+        _claims.enter_all(names, holder, exclusive=self._exclusive)
         try:
             self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         except BaseException:
@@ -205,7 +215,7 @@ class Lease:
                 if not rows[0][1]:
                     notify_lost(ticket, NOT_OURS)
                     return False
-                ticket.renewed(sent_at, rows[0][2])
+                ticket.renewed(sent_at, rows[0][2], rows[0][3])
         owner = _caller_tx.owner(self._target) if self._adoptable else None
         min_hold = self._opts.min_hold
         keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
@@ -388,6 +398,7 @@ class KeepFresh:
         # Renews with the ttl it was given, or the one in force (None): never the
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
+        ticket.link = link_
         self._ticket = ticket
         keeper().add(ticket, link_.renewals)
         return Held(name, holder, row.fence, ticket)

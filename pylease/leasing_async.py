@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
 from pylease._caller_tx import Deferred
-from pylease._held import Held as Held
 from pylease._held import (
+    AsyncHeld,
     Options,
     bool_option,
     end_keep_fresh,
@@ -35,6 +35,7 @@ from pylease._held import (
     keep_fresh_options,
     options,
 )
+from pylease._held import Held as Held
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
 from pylease._keeper_async import NOT_OURS, keeper, settle
@@ -64,6 +65,7 @@ class AsyncLease:
     # A later block of the name in the caller's transaction may take a deferred lease
     # back; permits and several names are kept for the transaction, never taken back.
     _adoptable = True
+    _exclusive = True  # a nested block of the name is refused at once (contract 5.6)
 
     def __init__(
         self,
@@ -87,6 +89,14 @@ class AsyncLease:
         if True:  # ASYNC
             self._cancelling = 0
 
+    async def acquire(self) -> Held:
+        """Enter the block without ``async with``: a lease held across callbacks."""
+        return await self.__aenter__()
+
+    async def release(self) -> None:
+        """Leave it as the block does (:class:`LeaseLost` if the lease was lost)."""
+        await self.__aexit__(None, None, None)
+
     async def __aenter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: an alease() context manager can be entered once")
@@ -97,8 +107,9 @@ class AsyncLease:
         holder = opts.holder or default_holder()
         names = self._names()
         # Before any I/O: one holder names one claim (a second live lease of this name
-        # with this holder would share the fence and be released under the first).
-        _claims.enter_all(names, holder)
+        # with this holder would share the fence and be released under the first), and
+        # a lease nested in a block of the same name would wait for itself.
+        _claims.enter_all(names, holder, exclusive=self._exclusive)
         try:
             self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         except BaseException:
@@ -206,7 +217,7 @@ class AsyncLease:
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         """The Held of a grant, and what its ticket keeps."""
         ticket.fence = grant
-        return Held(self._opts.name, ticket.holder, grant, ticket)
+        return AsyncHeld(self._opts.name, ticket.holder, grant, ticket)
 
     async def _loss_cause(self, link_: AsyncLink, ticket: AsyncTicket) -> str | None:
         return await loss_cause(link_, ticket)
@@ -237,7 +248,7 @@ class AsyncLease:
                 if not rows[0][1]:
                     notify_lost(ticket, NOT_OURS)
                     return False
-                ticket.renewed(sent_at, rows[0][2])
+                ticket.renewed(sent_at, rows[0][2], rows[0][3])
         owner = _caller_tx.owner(self._target) if self._adoptable else None
         min_hold = self._opts.min_hold
         await keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
@@ -265,7 +276,7 @@ class AsyncLease:
                 if ticket.task is not None:
                     self._cancelling = ticket.task.cancelling()
         ticket.generation += 1  # the earlier block's Held stays ended
-        self._held = held = Held(ticket.name, ticket.holder, fence, ticket)
+        self._held = held = AsyncHeld(ticket.name, ticket.holder, fence, ticket)
         self._finalizer = weakref.finalize(held, abandon, ticket)
         self._finalizer.atexit = False
         return True
@@ -536,9 +547,10 @@ class AsyncKeepFresh:
         # Renews with the ttl it was given, or the one in force (None): never the
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl
+        ticket.link = link_
         self._ticket = ticket
         await keeper().add(ticket, link_.renewals)
-        return Held(name, holder, row.fence, ticket)
+        return AsyncHeld(name, holder, row.fence, ticket)
 
     async def __aexit__(
         self,

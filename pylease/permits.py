@@ -20,7 +20,13 @@ from typing import Any
 
 from pylease import _checks
 from pylease._backend import Backend
-from pylease._held import Held, NamesHeld, Options, PermitsHeld, options
+from pylease._held import (
+    Held,
+    NamesHeld,
+    Options,
+    PermitsHeld,
+    options,
+)
 from pylease._links import Link
 from pylease._links import check as check_target
 from pylease._ticket import Ticket
@@ -34,6 +40,7 @@ class Permit(Lease):
     """The context manager :func:`permit` returns; single use."""
 
     _adoptable = False
+    _exclusive = False  # one process may hold permits of a name under two holders
 
     def __init__(
         self,

@@ -56,6 +56,7 @@ PAIRS = [
     ("pylease/_standby_async.py", "pylease/_standby.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("pylease/permits_async.py", "pylease/permits.py"),
+    ("pylease/inspection_async.py", "pylease/inspection.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
@@ -65,6 +66,7 @@ PAIRS = [
     ("tests/leader/test_leader_async.py", "tests/leader/test_leader.py"),
     ("tests/api/test_belief_async.py", "tests/api/test_belief.py"),
     ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
+    ("tests/api/test_lock_api_async.py", "tests/api/test_lock_api.py"),
 ]
 
 NAMES = {
@@ -80,6 +82,8 @@ NAMES = {
     "alease": "lease",
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
+    "inspection_async": "inspection",
+    "alocked": "locked",  # and astatus, with the tests' helpers below
     # permits and several names
     "permits_async": "permits",
     "apermit": "permit",
@@ -119,6 +123,9 @@ NAMES = {
     "AsyncKeepFresh": "KeepFresh",
     "AsyncKeeper": "Keeper",
     "AsyncTicket": "Ticket",
+    "AsyncHeld": "Held",
+    "AsyncPermitsHeld": "PermitsHeld",
+    "AsyncNamesHeld": "NamesHeld",
     "AsyncOp": "Op",
     "AsyncRenewOp": "RenewOp",
     "AsyncReleaseOp": "ReleaseOp",
