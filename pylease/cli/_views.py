@@ -307,7 +307,7 @@ def metrics(
             from pylease.cli import _metrics
         except ImportError:
             raise fail(
-                "pylease metrics needs prometheus-client: pip install 'pylease[metrics]'",
+                "pylease metrics needs prometheus-client: pip install 'pylease-pg[metrics]'",
                 EXIT_CONFIG,
             ) from None
 
