@@ -15,12 +15,13 @@ import secrets
 import socket
 import sys
 import threading
+from collections.abc import Hashable
 
 from pylease.errors import InvalidArgument, LeaseBusy
 
 _lock = threading.Lock()
-# name -> holder -> the thread or task that claimed it, for an exclusive claim (else None).
-_live: dict[str, dict[str, tuple[str, int] | None]] = {}
+# name -> holder -> (database, thread or task) of an exclusive claim there, else None.
+_live: dict[str, dict[str, tuple[Hashable, tuple[str, int]] | None]] = {}
 
 
 def _caller() -> tuple[str, int]:
@@ -36,13 +37,10 @@ def _caller() -> tuple[str, int]:
     return ("thread", threading.get_ident())
 
 
-def enter(name: str, holder: str, *, exclusive: bool = False) -> None:
+def enter(name: str, holder: str) -> None:
     """Record a claim of ``name`` by ``holder``.
 
     :raises InvalidArgument: the same holder already has a live lease of that name here.
-    :raises LeaseBusy: ``exclusive``, and the same thread or task holds the name
-        exclusively under another holder: its claim, nested in that block, would wait
-        for itself.
     """
     with _lock:
         claims = _live.get(name, {})
@@ -54,25 +52,37 @@ def enter(name: str, holder: str, *, exclusive: bool = False) -> None:
                 parameter="holder",
                 name=name,
             )
-        caller = _caller() if exclusive else None
-        if caller is not None:
-            for other, by in claims.items():
-                if by == caller:
-                    raise LeaseBusy(name, holder=other, here=True)
-        _live.setdefault(name, {})[holder] = caller
+        _live.setdefault(name, {})[holder] = None
 
 
-def enter_all(names: tuple[str, ...], holder: str, *, exclusive: bool = False) -> None:
+def enter_all(names: tuple[str, ...], holder: str) -> None:
     """Record the claims of ``names`` (one claim of several names) by ``holder``, all or
     none."""
     entered: list[str] = []
     try:
         for name in names:
-            enter(name, holder, exclusive=exclusive)
+            enter(name, holder)
             entered.append(name)
     except BaseException:
         leave_all(tuple(entered), holder)
         raise
+
+
+def own(names: tuple[str, ...], holder: str, database: Hashable) -> None:
+    """Mark the recorded claims of ``names`` by ``holder`` as exclusive claims of the
+    calling thread or task on ``database``.
+
+    :raises LeaseBusy: the same thread or task holds one of ``names`` on ``database``
+        under another holder: this claim, nested in that block, would wait for itself.
+    """
+    mark = (database, _caller())
+    with _lock:
+        for name in names:
+            for other, by in _live.get(name, {}).items():
+                if other != holder and by == mark:
+                    raise LeaseBusy(name, holder=other, here=True)
+        for name in names:
+            _live.setdefault(name, {})[holder] = mark
 
 
 def leave_all(names: tuple[str, ...], holder: str) -> None:

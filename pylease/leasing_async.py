@@ -107,15 +107,16 @@ class AsyncLease:
         holder = opts.holder or default_holder()
         names = self._names()
         # Before any I/O: one holder names one claim (a second live lease of this name
-        # with this holder would share the fence and be released under the first), and
-        # a lease nested in a block of the same name would wait for itself.
-        _claims.enter_all(names, holder, exclusive=self._exclusive)
+        # with this holder would share the fence and be released under the first).
+        _claims.enter_all(names, holder)
         try:
             self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
         except BaseException:
             _claims.leave_all(names, holder)
             raise
         try:
+            if self._exclusive:  # nested in a block of the name on that database: refused
+                _claims.own(names, holder, link_.source.key)
             grant, sent_at = await self._claim(link_, holder)
         except BaseException:
             self._link = None

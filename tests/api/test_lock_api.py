@@ -12,6 +12,7 @@ through the command line (``pylease steal``), as an operator would.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -101,11 +102,16 @@ def test_a_nested_lease_of_a_name_its_block_holds_is_refused_at_once(url: str) -
     with lease(url, "job", ttl=30, holder="outer") as held:
         # Without a deadline, only a refusal can end this wait: it would wait for itself.
         with pytest.raises(LeaseBusy, match="held by this process already") as refused:
-            with lease(url, "job", ttl=30, wait=FOREVER):
-                pass
+            lease(url, "job", ttl=30, wait=FOREVER).acquire()
         assert refused.value.holder == "outer"
         assert held.lost is False
         assert held.owned() is True
+
+
+def test_the_same_name_on_another_database_is_another_lease(url: str, tmp_path: Path) -> None:
+    other = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    with lease(url, "job", ttl=30) as here, lease(other, "job", ttl=30) as there:
+        assert (here.fence, there.fence) == (1, 1)
 
 
 def test_other_workers_of_the_process_still_wait_their_turn(url: str) -> None:
@@ -124,7 +130,9 @@ def test_other_workers_of_the_process_still_wait_their_turn(url: str) -> None:
 
 
 def test_permits_of_one_name_may_be_held_twice_in_one_block(url: str) -> None:
-    with permit(url, "pool", max_permits=2, ttl=30) as first:
-        with permit(url, "pool", max_permits=2, ttl=30) as second:
-            assert set(first.slots) | set(second.slots) == {0, 1}
-            assert second.owned() is True
+    with (
+        permit(url, "pool", max_permits=2, ttl=30) as first,
+        permit(url, "pool", max_permits=2, ttl=30) as second,
+    ):
+        assert set(first.slots) | set(second.slots) == {0, 1}
+        assert second.owned() is True

@@ -11,6 +11,7 @@ through the command line (``pylease steal``), as an operator would.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ import pylease
 from pylease import FOREVER, LeaseBusy, LeaseLost, alease, apermit
 from pylease._acompat import asleep
 from tests.support.cli import ok
-from tests.support.leases import ajoin_workers, astart_worker, asleep_until
+from tests.support.leases import ajoin_workers, asleep_until, astart_worker
 
 
 def steal(url: str, name: str) -> None:
@@ -85,14 +86,13 @@ async def test_release_after_a_loss_raises_lease_lost(url: str) -> None:
 async def test_status_and_locked_for_any_name(url: str) -> None:
     assert await pylease.astatus(url) == []
     assert await pylease.alocked(url, "job") is False
-    async with alease(url, "job", ttl=30, holder="worker-1") as held:
-        async with alease(url, "other", ttl=30):
-            rows = await pylease.astatus(url)
-            assert [(r.name, r.holder, r.fence, r.state) for r in rows if r.name == "job"] == [
-                ("job", "worker-1", held.fence, "held")
-            ]
-            assert {r.name for r in rows} == {"job", "other"}
-            assert await pylease.alocked(url, "job") is True
+    async with alease(url, "job", ttl=30, holder="worker-1") as held, alease(url, "other", ttl=30):
+        rows = await pylease.astatus(url)
+        assert [(r.name, r.holder, r.fence, r.state) for r in rows if r.name == "job"] == [
+            ("job", "worker-1", held.fence, "held")
+        ]
+        assert {r.name for r in rows} == {"job", "other"}
+        assert await pylease.alocked(url, "job") is True
     assert await pylease.alocked(url, "job") is False
     assert [r.state for r in await pylease.astatus(url, "job")] == ["released"]
     with pytest.raises(ValueError):
@@ -103,11 +103,16 @@ async def test_a_nested_lease_of_a_name_its_block_holds_is_refused_at_once(url: 
     async with alease(url, "job", ttl=30, holder="outer") as held:
         # Without a deadline, only a refusal can end this wait: it would wait for itself.
         with pytest.raises(LeaseBusy, match="held by this process already") as refused:
-            async with alease(url, "job", ttl=30, wait=FOREVER):
-                pass
+            await alease(url, "job", ttl=30, wait=FOREVER).acquire()
         assert refused.value.holder == "outer"
         assert held.lost is False
         assert await held.owned() is True
+
+
+async def test_the_same_name_on_another_database_is_another_lease(url: str, tmp_path: Path) -> None:
+    other = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    async with alease(url, "job", ttl=30) as here, alease(other, "job", ttl=30) as there:
+        assert (here.fence, there.fence) == (1, 1)
 
 
 async def test_other_workers_of_the_process_still_wait_their_turn(url: str) -> None:
@@ -126,7 +131,9 @@ async def test_other_workers_of_the_process_still_wait_their_turn(url: str) -> N
 
 
 async def test_permits_of_one_name_may_be_held_twice_in_one_block(url: str) -> None:
-    async with apermit(url, "pool", max_permits=2, ttl=30) as first:
-        async with apermit(url, "pool", max_permits=2, ttl=30) as second:
-            assert set(first.slots) | set(second.slots) == {0, 1}
-            assert await second.owned() is True
+    async with (
+        apermit(url, "pool", max_permits=2, ttl=30) as first,
+        apermit(url, "pool", max_permits=2, ttl=30) as second,
+    ):
+        assert set(first.slots) | set(second.slots) == {0, 1}
+        assert await second.owned() is True
