@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from pylease.cli._watchdog import group_alive
+
 ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM, signal.SIGWINCH)
 FORWARDED = ENDING + PASSED_ON
@@ -149,16 +151,6 @@ def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
     """Send ``signum`` to the child's whole process group (it leads one of its own)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signum)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def supervise(
@@ -274,7 +266,7 @@ class _Watchdog:
         proc = self._proc
         if proc is None:
             return
-        gone = self._pgid is None or not _group_alive(self._pgid)
+        gone = self._pgid is None or not group_alive(self._pgid)
         if gone:
             self._send("done")
         with contextlib.suppress(OSError):
@@ -295,13 +287,13 @@ def _stop_leftovers(
 ) -> None:
     """Stop what the command left running in its group (SIGTERM, then SIGKILL after
     ``kill_after`` or at the local expiry), before the lease is released."""
-    if not _group_alive(pgid):
+    if not group_alive(pgid):
         return
     say(f"{argv[0]} exited, leaving processes of its group running; sending them SIGTERM")
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     end = time.monotonic() + kill_after
-    while _group_alive(pgid):
+    while group_alive(pgid):
         left = end - time.monotonic()
         if remaining is not None:
             left = min(left, remaining())
