@@ -37,6 +37,7 @@ from pylease._operations import (
     PERMIT_REVOKE,
     PERMIT_SET_MAX,
     PERMIT_STATUS,
+    PRUNE,
     PRUNE_HISTORY,
     RELEASE,
     RELEASE_ALL,
@@ -237,6 +238,17 @@ class Backend:
         """
         params = (_checks.span("older_than", older_than),)
         return int(self._call(PRUNE_HISTORY, params, None))
+
+    def prune(self, idle_for: timedelta) -> int:
+        """``lease_prune``: delete the names nobody has held for ``idle_for``; how many.
+
+        Their counters go with them, their history stays; a pruned name's next grant
+        still gets a fence above every fence it had.
+
+        :raises PyleaseError: the role may not prune (not executable by PUBLIC).
+        """
+        params = (_checks.span("idle_for", idle_for),)
+        return int(self._call(PRUNE, params, None))
 
     # Permits (contract 5.1)
 

@@ -260,6 +260,13 @@ PRUNE_HISTORY = Operation(
     ("older_than_seconds",),
     COUNT,
 )
+PRUNE = Operation(
+    "prune",
+    WRITE,
+    "SELECT lease_prune(%s)",
+    ("idle_for_seconds",),
+    COUNT,
+)
 
 
 # Permits (contract 5.1): a semaphore whose slots are fenced leases.
@@ -351,6 +358,7 @@ OPERATIONS = (
     STATUS_PAGE,
     HISTORY,
     PRUNE_HISTORY,
+    PRUNE,
     PERMIT_CLAIM,
     PERMIT_RENEW,
     PERMIT_RELEASE,

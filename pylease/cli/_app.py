@@ -51,6 +51,7 @@ ORDER = (
     "steal",
     "status",
     "history",
+    "prune",
     "prune-history",
     "metrics",
     "leader",

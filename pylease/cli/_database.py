@@ -251,6 +251,7 @@ def not_installed(store: Store, exc: SchemaMissing) -> str:
 _RESTRICTED = {
     "lease_steal": ("steal leases", "lease_steal(text, interval, text, interval)"),
     "lease_prune_history": ("prune the history", "lease_prune_history(interval)"),
+    "lease_prune": ("prune names", "lease_prune(interval)"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The commands that show leases: ``status``, ``history``, ``metrics``, and ``prune-history``."""
+"""The commands that show leases (``status``, ``history``, ``metrics``) and prune them."""
 
 from __future__ import annotations
 
@@ -207,6 +207,36 @@ def history(
             typer.echo("no events" + (f" for lease {name!r}" if name else ""))
             return
         typer.echo("\n".join(_render.history_lines(events, now, width(wide))))
+
+
+@command(name="prune")
+def prune(
+    idle_for: Annotated[
+        timedelta,
+        typer.Option(
+            "--idle-for",
+            metavar="DUR",
+            parser=duration("--idle-for"),
+            help="Delete the names nobody has held for at least this long.",
+            show_default=False,
+        ),
+    ],
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Delete the names nobody has held for a while and print how many.
+
+    Their counters go with them, their history stays until prune-history; a pruned
+    name's next grant still gets a fence above every fence it had.
+
+    Example: pylease prune --idle-for 30d
+    """
+    with at_edge(verbose) as edge:
+        edge.store = store = find_store(dsn, schema)
+        with connect(store, "pylease prune") as (backend, _conn):
+            removed = backend.prune(idle_for)
+        typer.echo(f"removed {removed} name{'' if removed == 1 else 's'}")
 
 
 @command(name="prune-history")

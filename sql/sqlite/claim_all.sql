@@ -15,8 +15,8 @@
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
 wanted(name) AS (SELECT value FROM json_each(:names))
 INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants)
-SELECT w.name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
-  FROM wanted AS w, clock
+SELECT w.name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
+  FROM wanted AS w, clock, pylease_fence_floor AS f
  WHERE NOT EXISTS (SELECT 1 FROM pylease_leases AS b
                     WHERE b.name IN (SELECT name FROM wanted) AND b.expires_at > clock.now
                       AND (b.released OR b.holder <> :holder))

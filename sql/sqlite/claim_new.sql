@@ -12,8 +12,8 @@
 -- lease stands (a busy claim writes nothing).
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
 INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants)
-SELECT :name, :holder, 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
-  FROM clock
+SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
+  FROM clock, pylease_fence_floor AS f
  WHERE true
     ON CONFLICT (name) DO UPDATE
    SET fence       = CASE WHEN l.fence < 9223372036854775807 THEN l.fence + 1 END,

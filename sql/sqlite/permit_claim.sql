@@ -45,6 +45,7 @@ chosen(slot) AS (
 )
 UPDATE pylease_permits
    SET fence       = CASE WHEN holder IS :holder AND NOT released THEN fence
+                          WHEN fence = 0 THEN (SELECT floor + 1 FROM pylease_fence_floor)
                           WHEN fence < 9223372036854775807 THEN fence + 1 END,
        acquired_at = CASE WHEN holder IS :holder AND NOT released THEN acquired_at
                           ELSE (SELECT now FROM clock) END,

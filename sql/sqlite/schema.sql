@@ -6,8 +6,9 @@
 
 -- Tables ----------------------------------------------------------------------
 
--- One row per name ever claimed. Rows are never deleted, so the fence of a name
--- can only grow. The counters are kept by claim.sql, steal.sql and release.sql.
+-- One row per name claimed and not pruned. A pruned name's next first grant starts
+-- above pylease_fence_floor, so the fence of a name can only grow. The counters
+-- are kept by claim.sql, steal.sql and release.sql.
 CREATE TABLE pylease_leases (
     name        TEXT    NOT NULL PRIMARY KEY,
     holder      TEXT    NOT NULL,
@@ -55,10 +56,16 @@ BEGIN
     SELECT RAISE(ABORT, 'pylease: a lease keeps its name') WHERE NEW.name IS NOT OLD.name;
 END;
 
--- A deleted row would let its fence start again at 1.
-CREATE TRIGGER pylease_leases_keep_rows BEFORE DELETE ON pylease_leases
+-- The highest fence any deleted lease row or slot had (prune.sql deletes the
+-- names nobody held for a while): a new name's first grant starts above it, so
+-- that fences never go back. One row; one host needs no buckets of names.
+CREATE TABLE pylease_fence_floor (
+    floor INTEGER NOT NULL CHECK (floor >= 0)
+) STRICT;
+
+CREATE TRIGGER pylease_leases_floor AFTER DELETE ON pylease_leases
 BEGIN
-    SELECT RAISE(ABORT, 'pylease: lease rows are never deleted (their fences must not go back)');
+    UPDATE pylease_fence_floor SET floor = max(floor, OLD.fence);
 END;
 
 -- A grant past the last fence (claim.sql and steal.sql compute NULL there) fails
@@ -148,7 +155,7 @@ END;
 
 -- One row per slot of a semaphore. permits is how many slots its holder was
 -- granted together; revoked: freed by permit_revoke from an unexpired holder, so
--- that its next grant is a steal. Rows are never deleted.
+-- that its next grant is a steal. Rows go only with their name (prune.sql).
 CREATE TABLE pylease_permits (
     name        TEXT    NOT NULL,
     slot        INTEGER NOT NULL CHECK (slot BETWEEN 0 AND 9999),
@@ -180,9 +187,9 @@ BEGIN
      WHERE NEW.name IS NOT OLD.name OR NEW.slot IS NOT OLD.slot;
 END;
 
-CREATE TRIGGER pylease_permits_keep_rows BEFORE DELETE ON pylease_permits
+CREATE TRIGGER pylease_permits_floor AFTER DELETE ON pylease_permits
 BEGIN
-    SELECT RAISE(ABORT, 'pylease: permit rows are never deleted (their fences must not go back)');
+    UPDATE pylease_fence_floor SET floor = max(floor, OLD.fence);
 END;
 
 -- A grant past the last fence (permit_claim.sql computes NULL there) fails before

@@ -80,6 +80,18 @@ def test_prune_history_prints_how_many(url: str) -> None:
     assert cli("prune-history", "--dsn", url).exit_code == 2  # --older-than is required
 
 
+def test_prune_prints_how_many_names_went(url: str) -> None:
+    takeover_and_steal(url)
+    ok("release", "job", "--holder", "ops", "--dsn", url)
+    assert ok("prune", "--idle-for", "1h", "--dsn", url).stdout == "removed 0 names\n"
+    time.sleep(0.3)
+    assert ok("prune", "--idle-for", "100ms", "--dsn", url).stdout == "removed 1 name\n"
+    assert "job" not in ok("status", "--dsn", url).stdout
+    assert len(json.loads(ok("history", "--json", "--dsn", url).stdout)) == 2
+    assert cli("prune", "--dsn", url).exit_code == 2  # --idle-for is required
+    assert cli("prune", "--idle-for", "1 fortnight", "--dsn", url).exit_code == 2
+
+
 # metrics -----------------------------------------------------------------------------------
 
 
@@ -313,3 +325,9 @@ def test_an_execute_only_role_reads_metrics_and_history_but_may_not_prune(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(grant.encode())
     assert ok("prune-history", "--older-than", "0", "--dsn", app_dsn).stdout == "removed 2 events\n"
+    refused = cli("prune", "--idle-for", "1d", "--dsn", app_dsn)
+    assert refused.exit_code == 3, refused.output
+    line = refused.stderr.strip()
+    assert "may not prune names" in line
+    grant = line.split("runs: ", 1)[1]
+    assert grant.startswith('GRANT EXECUTE ON FUNCTION "public".lease_prune(interval) TO')

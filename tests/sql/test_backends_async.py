@@ -80,6 +80,9 @@ async def test_renew_each_counters_history_and_prune(backend: AsyncBackend) -> N
     assert await backend.prune_history(HOUR) == 0
     assert await backend.prune_history(timedelta(0)) == 4
     assert await backend.history() == []
+    assert await backend.prune(HOUR) == 0
+    assert await backend.prune(timedelta(0)) == 1  # "a": "b" is held
+    assert [r.name for r in await backend.status()] == ["b"]
 
 
 async def test_fence_exhaustion_raises_fence_exhausted(backend: AsyncBackend) -> None:

@@ -929,6 +929,57 @@ SCENARIOS += [
 ]
 
 
+ZERO = timedelta(0)
+SCENARIOS += [
+    (
+        "prune: names idle for the span go, counters with them; a pruned name's next "
+        "fence is above every fence it had",
+        [
+            ("setting", ("all",), None),
+            ("claim", ("a", SHORT, "h1"), 1),
+            ("force", ("a", 41), None),
+            ("claim", ("b", LONG, "h2"), 1),
+            ("claim", ("c", LONG, "h2"), Keep("c")),
+            ("release", ("c", "h2"), True),
+            sleep_past_short(),
+            ("prune", (DAY,), 0),
+            ("prune", (ZERO,), 2),
+            ("status", ("a",), []),
+            ("counters", ("a",), []),
+            ("status", ("b",), [("b", "h2", 1, True)]),
+            # The history stays until prune_history.
+            ("history", ("c", None, 1), [("released", "h2", Same("c"), None)]),
+            ("claim", ("a", LONG, "h3"), 42),
+            ("claim", ("c", LONG, "h3"), Above("c")),
+            ("prune", (ZERO,), 0),
+        ],
+    ),
+    (
+        "prune: a semaphore goes whole, only once no slot is held, and its next fences "
+        "are above every fence its slots had",
+        [
+            ("permit_claim", ("s", 2, SHORT, "h1"), Granted(1, 1)),
+            ("force_slots", ("s", 9), None),
+            ("permit_claim", ("t", 2, LONG, "h1"), Granted(1, 1)),
+            sleep_past_short(),
+            ("prune", (ZERO,), 1),
+            ("permits", ("s",), []),
+            ("held_by", ("t",), ["h1"]),
+            # A pruned semaphore's limit went with it.
+            ("permit_claim", ("s", 3, LONG, "h2", 3), Granted(3, 10)),
+            ("permit_claim", ("s", 3, LONG, "h3"), {}),
+            ("prune", (ZERO,), 0),
+        ],
+    ),
+    (
+        "prune: bad spans",
+        [
+            ("prune", (timedelta(seconds=-1),), Raises("pylease: idle_for must not be negative")),
+            ("prune", (timedelta(days=367),), Raises("pylease: idle_for must be at most 366 days")),
+        ],
+    ),
+]
+
 SCENARIOS += [
     (
         "status_page: the names that start with a prefix, taken literally, first ones "

@@ -139,6 +139,8 @@ SIGNATURES = {
         "TABLE(name text, fence bigint)",
     ),
     "lease_release_all": ("names text[], holder text", "TABLE(name text, released boolean)"),
+    # Names that are gone (contract 5.6).
+    "lease_prune": ("idle_for interval", "bigint"),
 }
 PERMIT_SIGNATURES = {
     "permit_claim": (

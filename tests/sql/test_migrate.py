@@ -33,6 +33,7 @@ IDS = [
     "pylease-0007-edges",
     "pylease-0008-permits",
     "pylease-0009-keeper",
+    "pylease-0010-prune",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
@@ -157,6 +158,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "_yoyo_migration",
         "_yoyo_version",
         "pylease_events",
+        "pylease_fence_floors",
         "pylease_leases",
         "pylease_names",
         "pylease_permits",

@@ -32,6 +32,7 @@ MIGRATIONS = [
     "pylease-0007-edges",
     "pylease-0008-permits",
     "pylease-0009-keeper",
+    "pylease-0010-prune",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -46,6 +47,7 @@ FUNCTIONS = (
     "lease_counters",
     "lease_history",
     "lease_prune_history",
+    "lease_prune",
     "lease_wait",
     "lease_unwait",
     "lease_claim_all",
@@ -73,6 +75,8 @@ HELPERS = (
     "pylease_check_count",
     "pylease_check_names",
     "pylease_register_lease",
+    "pylease_fence_floor",
+    "pylease_floor_slot",
 )
 # The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
 WAITING_CLAIMS = ("lease_claim", "lease_claim_new", "lease_claim_all", "permit_claim")
@@ -172,6 +176,8 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_events_at",
         "pylease_events_id_seq",
         "pylease_events_name_at",
+        "pylease_fence_floors",
+        "pylease_fence_floors_pkey",
         "pylease_leases",
         "pylease_leases_fence",
         "pylease_leases_pkey",
@@ -188,7 +194,7 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_waiters_name_waiter_key",
         "pylease_waiters_pkey",
     ]
-    assert len(expected["constraints"]) == 16
+    assert len(expected["constraints"]) == 19
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
@@ -222,7 +228,14 @@ def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn
 
 
 @pytest.mark.parametrize(
-    "table", ["pylease_leases", "pylease_events", "pylease_names", "pylease_permits"]
+    "table",
+    [
+        "pylease_leases",
+        "pylease_events",
+        "pylease_names",
+        "pylease_permits",
+        "pylease_fence_floors",
+    ],
 )
 def test_public_has_no_privilege_on_the_tables(conn: Conn, table: str) -> None:
     for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"):
@@ -240,6 +253,7 @@ def test_public_may_execute_every_function_but_the_operators_and_the_helpers(con
     assert executable == set(FUNCTIONS) - {
         "lease_steal",
         "lease_prune_history",
+        "lease_prune",
         "permit_set_max",
         "permit_revoke",
     }

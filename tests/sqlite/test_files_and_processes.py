@@ -72,6 +72,7 @@ SQLITE_MIGRATIONS = [
     "pylease-0002-safety",
     "pylease-0003-operations",
     "pylease-0004-permits",
+    "pylease-0005-prune",
 ]
 
 
@@ -518,9 +519,11 @@ def test_sql_files_work_from_plain_sqlite3(db: Path) -> None:
     with pytest.raises(sqlite3.IntegrityError, match="pylease: name must not be empty"):
         run("claim", name="", ttl_seconds=1, holder="a")
     conn.execute("ROLLBACK")
-    with pytest.raises(sqlite3.IntegrityError, match="never deleted"):
-        conn.execute("DELETE FROM pylease_leases")
     assert run("status", name="new") == []
+    # A deleted row (as prune.sql deletes) leaves its fence behind as the floor: the
+    # name's next first grant starts above it, from any language.
+    conn.execute("DELETE FROM pylease_leases")
+    assert run("claim", name="job", ttl_seconds=30, holder="e") == [(3,)]
 
 
 def test_schema_sql_matches_the_migrations(tmp_path: Path) -> None:
