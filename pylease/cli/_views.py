@@ -222,6 +222,7 @@ def prune(
         ),
     ],
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -233,7 +234,7 @@ def prune(
     Example: pylease prune --idle-for 30d
     """
     with at_edge(verbose) as edge:
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease prune") as (backend, _conn):
             removed = backend.prune(idle_for)
         typer.echo(f"removed {removed} name{'' if removed == 1 else 's'}")

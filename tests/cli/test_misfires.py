@@ -156,3 +156,15 @@ def test_require_dsn_makes_the_fallback_an_error(tmp_path: Path, how: str) -> No
     assert not (tmp_path / "state").exists(), "the default file was created all the same"
     for args in (["status"], ["claim", "x", "--ttl", "1m"], ["migrate"]):
         assert pylease(tmp_path, *args, *flag, **env).returncode == 3, args
+
+
+def test_every_command_that_takes_a_dsn_can_require_one() -> None:
+    import typer.main
+
+    from pylease.cli import app
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        params = {p.name for p in command.params}
+        if "dsn" in params:
+            assert "require_dsn" in params, f"pylease {name} has --dsn without --require-dsn"
