@@ -1,5 +1,6 @@
 /*
- * pylease's lease protocol, one name, checked exhaustively with SPIN.
+ * pylease's lease protocol, one name, checked exhaustively with SPIN; with PERMITS, the
+ * permits of one semaphore; with NAMES, claims of two names (sql_permits.pml).
  *
  * Parties: NC clients, each running BLOCKS lease blocks (claim, body, release) with a
  * keeper that renews; the database (one primary, optionally one failover to a standby);
@@ -9,11 +10,12 @@
  * on it; every reply may be delayed or lost; any party may pause for any time. Each
  * transition is named after the SQL function or keeper step it stands for.
  *
- * Properties (one line each, at the end): belief, fenced, fence_once.
+ * Properties (one line each, at the end): belief, fenced, fence_once; with PERMITS,
+ * permits and fence_grows; with NAMES, all_or_nothing, no_deadlock and fence_grows.
  * Configuration and mutants are -D macros; see check.sh and docs/model.md. Mutants
  * here: MUT_BELIEF_FROM_ARRIVAL, MUT_NO_DRIFT_MARGIN (issue 21 item 18),
  * MUT_LATE_ANSWER_REVIVES, MUT_RELEASE_NO_FENCE (item 17, with sql.pml's); the SQL's
- * are listed in sql.pml.
+ * are listed in sql.pml and sql_permits.pml.
  */
 
 /* ---- Configuration (override with -D) ------------------------------------------- */
@@ -48,6 +50,9 @@
 #ifndef SLOW
 #define SLOW 1          /* clients 0..SLOW-1 have a slow clock */
 #endif
+#ifndef KEEPERS
+#define KEEPERS NC      /* clients 0..KEEPERS-1 renew (the others: heartbeat=False) */
+#endif
 #ifndef HELPER
 #define HELPER 0        /* helper calls (renew or claim with client 0's holder, SHORT_TTL) */
 #endif
@@ -57,7 +62,28 @@
 #ifndef FAILOVER
 #define FAILOVER 0      /* 0: one server; 1: synchronous standby; 2: asynchronous standby */
 #endif
+#ifndef PERMITS
+#define PERMITS 0       /* N > 0: the clients take permits of one semaphore of N slots */
+#endif
+#ifndef NAMES
+#define NAMES 0         /* the clients claim names A and B: 1, clients 0 and 1 claim both
+                           (lease_claim_all) in opposite orders; 2, client 0 claims both,
+                           client 1 B alone and client 2 (NC 3) A alone */
+#endif
 #define SLOTS 2         /* requests a client may have outstanding (sent, not yet run) */
+#define KINDS (PERMITS > 0 || NAMES > 0)
+#if KINDS && (HELPER || STEAL || FAILOVER || MIN_HOLD || !EXPLICIT)
+#error "PERMITS and NAMES model explicit holders without helper, steal, failover, min_hold"
+#endif
+#if PERMITS && NAMES
+#error "PERMITS and NAMES are configurations of their own"
+#endif
+#if NAMES && WRITES
+#error "NAMES models no fenced writes (lease_holds per name is the lease's)"
+#endif
+#if NAMES == 1 && NC != 2
+#error "NAMES 1 is two clients"
+#endif
 
 /* ---- Clocks (contract section 5, "Clocks") --------------------------------------- */
 /* The assumption in real units: the client's monotonic clock and the server's clock run
@@ -97,8 +123,25 @@ bool stale_write;   /* a fenced write committed after a later grant */
     :: else -> top_claim = MAX2(top_claim, row.fence) \
     fi
 
+#if KINDS
+/* Permits and names: a fence only grows, per slot or name (`cur`: the row granted). */
+#undef GRANTED
+bool regress;       /* a slot or name was granted a fence not above its last one */
+bool deadlock;      /* claims of several names waited for each other's row locks */
+bool partial;       /* a claim of several names granted some of them, not all */
+#define GRANTED(kind) \
+    if \
+    :: row.fence <= top[cur] -> regress = 1 \
+    :: else -> top[cur] = row.fence \
+    fi
+#endif
+
 #define AGE_CAP MIN_HOLD    /* only min_hold reads a tenure's age */
 #include "sql.pml"
+#if KINDS
+#include "sql_permits.pml"
+byte top[NR];       /* per slot or name: the highest fence granted */
+#endif
 
 /* ---- The standby (FAILOVER) ------------------------------------------------------- */
 Row sb;             /* the standby's copy of the row */
@@ -146,11 +189,55 @@ bool txl[NC];       /* ... and holds the row's FOR KEY SHARE lock */
 byte txf[NC];       /* ... with this fence */
 bool wrote[NC];     /* this block did its fenced write (or does none) */
 byte tries[NC];     /* claims this block sent */
+#if PERMITS
+byte sl[NC];        /* the slot it was granted */
+byte rsl[NC];       /* the reply to a claim: the slot */
+byte txs[NC];       /* the slot of its open fenced transaction */
+#define CLEAR_EXTRA(c) rsl[c] = 0
+#elif NAMES
+byte fb[NC];        /* a claim of both names: the fence of B (fen: of A) */
+byte rvb[NC];       /* the reply to it: the fence of B */
+#define CLEAR_EXTRA(c) rvb[c] = 0
+#else
+#define CLEAR_EXTRA(c) skip
+#endif
+
+#if NAMES
+/* What each client claims: bit 0 name A, bit 1 name B; a claim of both is
+   lease_claim_all, in the order A, B, or (REV) B, A. */
+#if NAMES == 1
+#define WANT(c) 3
+#define REV(c)  ((c) == 1)
+#else
+#define WANT(c) (3 * ((c) == 0) + 2 * ((c) == 1) + ((c) == 2))
+#define REV(c)  0
+#endif
+#define WANTS(c, r) ((WANT(c) >> (r)) & 1)
+#endif
 
 /* Requests sent and not yet run by the server: slot c*SLOTS+k belongs to client c. */
 byte rop[NC * SLOTS];
 byte rh[NC * SLOTS];
 byte rf[NC * SLOTS];
+#if NAMES
+/* lease_claim_all runs in steps: its read (rph 0), then one row lock at a time (rph 1 +
+   the rows it has locked), then the recheck and grant (rph 3). lk[r]: the request
+   (index + 1) that holds row r's FOR UPDATE lock until its statement ends. */
+byte rph[NC * SLOTS];
+byte gave[NC * SLOTS];  /* ghost: the rows (bit 0 A, bit 1 B) its statement granted */
+byte lk[NR];
+inline unlock(i) {
+    if
+    :: lk[0] == (i) + 1 -> lk[0] = 0
+    :: else -> skip
+    fi;
+    if
+    :: lk[1] == (i) + 1 -> lk[1] = 0
+    :: else -> skip
+    fi;
+    rph[i] = 0; gave[i] = 0
+}
+#endif
 
 #define FREE_SLOT(c) (rop[(c) * SLOTS] == 0 || rop[(c) * SLOTS + 1] == 0)
 
@@ -187,7 +274,9 @@ byte rf[NC * SLOTS];
 #define LATE_ANSWER(c) (el[c] <= MARGIN)
 #endif
 
-#ifdef MUT_RELEASE_NO_FENCE
+#if defined(MUT_RELEASE_NO_FENCE) || KINDS
+/* Permits and several names are claimed by permit_claim and lease_claim_all, which
+   continue a tenure of the holder (contract 5.1, 5.3): nothing is refused. */
 #define REFUSED(c) 0
 #else
 /* Contract 5.6: a claim that finds its explicit holder's tenure granted before it asked
@@ -201,10 +290,24 @@ byte rf[NC * SLOTS];
    of the same requests are one state. */
 inline free_slot(i) {
     rop[i] = 0; rh[i] = 0; rf[i] = 0;
+#if NAMES
+    unlock(i);              /* its statement ended, or its connection died */
+#endif
     if
     :: i % SLOTS == 0 && rop[i + 1] != 0 ->
         rop[i] = rop[i + 1]; rh[i] = rh[i + 1]; rf[i] = rf[i + 1];
         rop[i + 1] = 0; rh[i + 1] = 0; rf[i + 1] = 0;
+#if NAMES
+        rph[i] = rph[i + 1]; rph[i + 1] = 0; gave[i] = gave[i + 1]; gave[i + 1] = 0;
+        if
+        :: lk[0] == i + 2 -> lk[0] = i + 1
+        :: else -> skip
+        fi;
+        if
+        :: lk[1] == i + 2 -> lk[1] = i + 1
+        :: else -> skip
+        fi;
+#endif
         if
         :: aw[i / SLOTS] == i + 1 -> aw[i / SLOTS] = i
         :: else -> skip
@@ -219,7 +322,7 @@ inline send(c, op, f) {
     :: else -> aw[c] = c * SLOTS + 1
     fi;
     rop[aw[c]] = op; rh[aw[c]] = hid[c]; rf[aw[c]] = f;
-    since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0
+    since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0; CLEAR_EXTRA(c)
 }
 
 /* What the block leaves behind is forgotten, so that states that differ only there
@@ -227,12 +330,41 @@ inline send(c, op, f) {
 inline next_block(c) {
     aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0;
     fen[c] = 0; el[c] = 0; lost[c] = 0; pre[c] = 0; tries[c] = 0; wrote[c] = 0;
+#if PERMITS
+    sl[c] = 0;
+#elif NAMES
+    fb[c] = 0;
+#endif
     blk[c]++;
     if
     :: (c == 0 && blk[c] < BLOCKS0) || (c > 0 && blk[c] < BLOCKS) -> st[c] = IDLE
     :: else -> st[c] = DONE
     fi
 }
+
+/* What a client's story says: the Python calls of each kind */
+#if PERMITS
+#define SAYS_CLAIM "client %d: permit() sends permit_claim (holder %d)\n"
+#define SAYS_CLAIM_AGAIN "client %d: acquire() sends permit_claim again\n"
+#define SAYS_GRANT "client %d: acquire() granted slot %d fence %d, believes %d ticks\n"
+#define GRANT_ARGS(c) sl[c], fen[c]
+#define SAYS_RENEW "client %d: keeper sends pylease_renew_held (permit)\n"
+#define SAYS_RELEASE "client %d: block ends, sends permit_release (fence %d)\n"
+#elif NAMES
+#define SAYS_CLAIM "client %d: leases() sends its claim (holder %d)\n"
+#define SAYS_CLAIM_AGAIN "client %d: acquire() sends its claim again\n"
+#define SAYS_GRANT "client %d: acquire() granted fences %d %d, believes %d ticks\n"
+#define GRANT_ARGS(c) fen[c], fb[c]
+#define SAYS_RENEW "client %d: keeper sends lease_renew_each\n"
+#define SAYS_RELEASE "client %d: block ends, sends its release (fence %d)\n"
+#else
+#define SAYS_CLAIM "client %d: lease() sends lease_claim (holder %d)\n"
+#define SAYS_CLAIM_AGAIN "client %d: acquire() sends lease_claim again\n"
+#define SAYS_GRANT "client %d: acquire() granted fence %d, believes %d ticks\n"
+#define GRANT_ARGS(c) fen[c]
+#define SAYS_RENEW "client %d: keeper sends lease_renew_each\n"
+#define SAYS_RELEASE "client %d: block ends, sends lease_release(fence %d)\n"
+#endif
 
 proctype Client(byte c) {
     byte s;
@@ -244,36 +376,45 @@ end:
         :: EXPLICIT -> hid[c] = c + 1
         :: else -> hid[c] = 1 + c + NC * blk[c]
         fi;
+#if KINDS
+        pre[c] = 0;
+#else
         if
         :: EXPLICIT && row.exists && !row.released && row.holder == hid[c] -> pre[c] = row.fence
         :: else -> pre[c] = 0
         fi;
+#endif
         st[c] = CLAIMING; wrote[c] = !WRITES; tries[c] = 1;
         send(c, OP_CLAIM, 0);
-        printf("client %d: lease() sends lease_claim (holder %d)\n", c, hid[c]) }
+        printf(SAYS_CLAIM, c, hid[c]) }
     /* acquire(): the claim's reply; a grant starts the Ticket at the claim's send time */
     :: d_step { st[c] == CLAIMING && aw[c] != NOSLOT && rdone[c] ->
         if
         :: rval[c] != BUSY && rval[c] != EXHAUSTED && !REFUSED(c) ->
             st[c] = HELD; fen[c] = rval[c]; lost[c] = 0;
+#if PERMITS
+            sl[c] = rsl[c];
+#elif NAMES
+            fb[c] = rvb[c];
+#endif
             el[c] = EXPIRES_IN(c, TTL);
             pre[c] = 0; tries[c] = 0;
-            printf("client %d: acquire() granted fence %d, believes %d ticks\n", c, fen[c], el[c])
+            printf(SAYS_GRANT, c, GRANT_ARGS(c), el[c])
         :: else -> printf("client %d: acquire() busy (%d)\n", c, rval[c])
         fi;
-        aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0 }
+        aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; CLEAR_EXTRA(c) }
     /* acquire(): claim again (waiting, or retrying a claim whose reply was lost) */
     :: d_step { st[c] == CLAIMING && aw[c] == NOSLOT && tries[c] < TRIES && FREE_SLOT(c) ->
         tries[c]++; send(c, OP_CLAIM, 0);
-        printf("client %d: acquire() sends lease_claim again\n", c) }
+        printf(SAYS_CLAIM_AGAIN, c) }
     /* acquire(): the wait is over: LeaseBusy */
     :: d_step { st[c] == CLAIMING && aw[c] == NOSLOT ->
         next_block(c); printf("client %d: acquire() gives up: LeaseBusy\n", c) }
     /* keeper _renew(): one tick sends lease_renew_each with the lease's own ttl */
-    :: d_step { st[c] == HELD && !lost[c] && el[c] <= RENEW_AT && el[c] > KEEPER_MARGIN &&
+    :: d_step { c < KEEPERS && st[c] == HELD && !lost[c] && el[c] <= RENEW_AT && el[c] > KEEPER_MARGIN &&
                 aw[c] == NOSLOT && FREE_SLOT(c) ->
         send(c, OP_RENEW, 0);
-        printf("client %d: keeper sends lease_renew_each\n", c) }
+        printf(SAYS_RENEW, c) }
     /* keeper _renew(): the answer; Ticket.renewed(sent_at, granted) or the loss */
     :: d_step { st[c] == HELD && aw[c] != NOSLOT && rdone[c] ->
         if
@@ -282,7 +423,7 @@ end:
             printf("client %d: keeper renewed: believes %d ticks\n", c, el[c])
         :: else -> lost[c] = 1; el[c] = 0; printf("client %d: keeper: lost\n", c)
         fi;
-        aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0 }
+        aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0; CLEAR_EXTRA(c) }
     /* keeper _step(): a ticket past its deadline (expires - margin(ttl)) is lost for
        good, whenever the keeper gets to run */
     :: d_step { st[c] == HELD && !lost[c] && el[c] <= KEEPER_MARGIN ->
@@ -290,13 +431,35 @@ end:
     /* body: a fenced write, `UPDATE ... WHERE lease_holds(name, holder, fence)`, opens */
     :: d_step { st[c] == HELD && !txn[c] && !wrote[c] ->
         wrote[c] = 1;
+#if PERMITS
+        permit_holds(hid[c], fen[c], sl[c], txn[c]);
+        printf("client %d: fenced write: permit_holds(slot %d, fence %d) = %d\n", c, sl[c], fen[c], txn[c]);
+        if
+        :: txn[c] -> txf[c] = fen[c]; txs[c] = sl[c]; txl[c] = (kl[sl[c]] > 0)
+        :: else -> skip                              /* the stale write is rejected */
+        fi }
+#else
         lease_holds(hid[c], fen[c], txn[c]);
         printf("client %d: fenced write: lease_holds(fence %d) = %d\n", c, fen[c], txn[c]);
         if
         :: txn[c] -> txf[c] = fen[c]; txl[c] = (keylock > 0)
         :: else -> skip                              /* the stale write is rejected */
         fi }
+#endif
     /* body: the fenced transaction commits, whenever the client gets to it */
+#if PERMITS
+    :: d_step { txn[c] ->
+        if
+        :: tab[txs[c]].fence != txf[c] -> stale_write = 1
+        :: else -> skip
+        fi;
+        if
+        :: txl[c] -> kl[txs[c]]--
+        :: else -> skip
+        fi;
+        printf("client %d: fenced write commits (slot %d, fence %d, slot's %d)\n", c, txs[c], txf[c], tab[txs[c]].fence);
+        txn[c] = 0; txl[c] = 0; txf[c] = 0; txs[c] = 0 }
+#else
     :: d_step { txn[c] ->
         if
         :: row.fence != txf[c] -> stale_write = 1
@@ -309,22 +472,23 @@ end:
         printf("client %d: fenced write commits (fence %d, row's %d)\n", c, txf[c], row.fence);
         txn[c] = 0; txl[c] = 0; txf[c] = 0;
         SYNC_COMMIT }
+#endif
     /* the block ends: keeper.remove() (the tick under way answered or abandoned), then
        lease_release(name, holder, min_hold, fence); from here Held reads as lost. Its
        answer changes nothing the model tracks: the block may end before it arrives,
        and the statement may still run late, or never. */
     :: d_step { st[c] == HELD && aw[c] == NOSLOT && FREE_SLOT(c) ->
         send(c, OP_RELEASE, fen[c]);
-        printf("client %d: block ends, sends lease_release(fence %d)\n", c, fen[c]);
+        printf(SAYS_RELEASE, c, fen[c]);
         next_block(c) }
     /* a statement whose answer does not come is abandoned (the source drops the
        connection): it may still run on the server later, or never (it was lost) */
     :: d_step { aw[c] != NOSLOT ->
         printf("client %d: abandons its statement; it may run late\n", c);
-        aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0 }
+        aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0; CLEAR_EXTRA(c) }
     :: d_step { aw[c] != NOSLOT ->
         printf("client %d: abandons its statement; it is lost\n", c);
-        s = aw[c]; free_slot(s); s = 0; aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0 }
+        s = aw[c]; free_slot(s); s = 0; aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0; CLEAR_EXTRA(c) }
     od
 }
 
@@ -333,6 +497,180 @@ byte out, acq, granted;
 bool ok;
 byte steals, helps;
 
+/* The reply to request i goes back only if its sender still waits for it. */
+#define ANSWER(i, v) \
+    if \
+    :: aw[(i) / SLOTS] == (i) -> rdone[(i) / SLOTS] = 1; rval[(i) / SLOTS] = (v) \
+    :: else -> skip \
+    fi
+
+#if PERMITS
+byte slot_out;
+/* The server runs request i (of client i / SLOTS), now. */
+inline run_request(i) {
+    if
+    :: rop[i] == OP_CLAIM ->
+        permit_claim(rh[i], TTL, out, slot_out);
+        printf("server: permit_claim(holder %d) = slot %d fence %d\n", rh[i], slot_out, out);
+        ANSWER(i, out);
+        if
+        :: aw[i / SLOTS] == i -> rsl[i / SLOTS] = slot_out
+        :: else -> skip
+        fi
+    :: rop[i] == OP_RENEW ->
+        permit_renew(rh[i], TTL, ok, granted);
+        printf("server: pylease_renew_held(permit, holder %d) = %d, granted %d\n", rh[i], ok, granted);
+        ANSWER(i, ok);
+        if
+        :: aw[i / SLOTS] == i -> rgr[i / SLOTS] = granted
+        :: else -> skip
+        fi
+    :: rop[i] == OP_RELEASE ->
+        permit_release(rh[i], rf[i]);
+        printf("server: permit_release(holder %d)\n", rh[i]);
+        ANSWER(i, 1)
+    fi;
+    free_slot(i);
+    out = 0; granted = 0; ok = 0; slot_out = 0
+}
+#define SERVE(i) \
+    :: d_step { rop[i] != 0 -> run_request(i) }
+#elif NAMES
+byte outb;
+#define CLIENT_OF(i) ((i) / SLOTS)
+#define ALL_OF(i) (WANT(CLIENT_OF(i)) == 3)
+/* The rows a request of client c touches: 1 A, 2 B, 3 both */
+#define ROWS_OF(i) WANT(CLIENT_OF(i))
+/* Request i's k-th row lock: in name order (A, then B) */
+#ifdef MUT_CLAIM_ALL_CALLER_ORDER
+#define LOCK_ROW(i, k) (REV(CLIENT_OF(i)) -> 1 - (k) : (k))   /* the caller's order */
+#else
+#define LOCK_ROW(i, k) (k)
+#endif
+#define NEXT_ROW(i) LOCK_ROW(i, rph[i] - 1)
+#define LOCKING(i) (rop[i] == OP_CLAIM && ALL_OF(i) && (rph[i] == 1 || rph[i] == 2))
+/* Row r is locked by a statement other than request i's */
+#define LOCKED_FOR(i, r) (lk[r] != 0 && lk[r] != (i) + 1)
+/* A one-statement request may run: the rows it writes are not locked by another
+   (it would wait for them; a claim that waits past lock_timeout is busy, below) */
+#define FREE_FOR(i) (!(((ROWS_OF(i) & 1) && LOCKED_FOR(i, 0)) || ((ROWS_OF(i) & 2) && LOCKED_FOR(i, 1))))
+byte waiter;        /* scratch: whose lock request i waits for */
+
+/* The server runs the one-statement request i (of client i / SLOTS), now. */
+inline run_request(i) {
+    if
+    :: rop[i] == OP_CLAIM ->            /* a single name: lease_claim */
+        load(ROWS_OF(i) - 1); lease_claim(rh[i], TTL, out, racq); store(); racq = 0;
+        printf("server: lease_claim(holder %d, name %d) = %d\n", rh[i], ROWS_OF(i) - 1, out);
+        ANSWER(i, out)
+    :: rop[i] == OP_RENEW ->
+        renew_names(rh[i], ROWS_OF(i), TTL, ok, granted);
+        printf("server: lease_renew_each(holder %d, names %d) = %d, granted %d\n", rh[i], ROWS_OF(i), ok, granted);
+        ANSWER(i, ok);
+        if
+        :: aw[i / SLOTS] == i -> rgr[i / SLOTS] = granted
+        :: else -> skip
+        fi
+    :: rop[i] == OP_RELEASE && ALL_OF(i) ->
+        release_names(rh[i], 3, 0);
+        printf("server: lease_release_all(holder %d)\n", rh[i]);
+        ANSWER(i, 1)
+    :: rop[i] == OP_RELEASE && !ALL_OF(i) ->
+        release_names(rh[i], ROWS_OF(i), rf[i]);
+        printf("server: lease_release(holder %d, name %d, fence %d)\n", rh[i], ROWS_OF(i) - 1, rf[i]);
+        ANSWER(i, 1)
+    fi;
+    free_slot(i);
+    out = 0; granted = 0; ok = 0
+}
+
+/* A lease_claim_all statement ends with answer v: all or nothing, it granted both
+   names (a grant) or none (busy). */
+#define CLAIM_ALL_ENDS(i, v) \
+    if \
+    :: (v == BUSY && gave[i] != 0) || (v != BUSY && gave[i] != 3) -> partial = 1 \
+    :: else -> skip \
+    fi; \
+    ANSWER(i, v)
+
+/* lease_claim_all, step 1: the read. A name in the way: busy, nothing written. */
+inline claim_all_read(i) {
+    if
+    :: IN_WAY(0, rh[i]) || IN_WAY(1, rh[i]) ->
+        printf("server: lease_claim_all(holder %d) busy (read)\n", rh[i]);
+        CLAIM_ALL_ENDS(i, BUSY); free_slot(i)
+    :: else ->
+        printf("server: lease_claim_all(holder %d) locks its rows\n", rh[i]);
+        rph[i] = 1
+    fi
+}
+
+/* Step 2: the next row's lock (a new name: its insert's key lock). */
+inline claim_all_lock(i) {
+    printf("server: lease_claim_all(holder %d) locks name %d\n", rh[i], NEXT_ROW(i));
+    lk[NEXT_ROW(i)] = i + 1;
+#ifdef MUT_CLAIM_ALL_ONE_BY_ONE
+    /* each name decided and granted as it is locked (its own subtransaction), the
+       grants before a busy one kept */
+    if
+    :: IN_WAY(NEXT_ROW(i), rh[i]) ->
+        printf("server: lease_claim_all(holder %d) busy at name %d\n", rh[i], NEXT_ROW(i));
+        CLAIM_ALL_ENDS(i, BUSY); free_slot(i)
+    :: else ->
+        load(NEXT_ROW(i)); claim_all_name(rh[i], TTL); store();
+        gave[i] = gave[i] | (1 << NEXT_ROW(i));
+        rph[i]++
+    fi
+#else
+    rph[i]++
+#endif
+}
+
+/* Step 2, the row locked by another statement: after lock_timeout, or at once when
+   the deadlock detector finds a cycle, the statement answers busy and rolls back. */
+inline claim_all_wait_over(i) {
+    waiter = lk[NEXT_ROW(i)] - 1;
+    if
+    :: LOCKING(waiter) && lk[NEXT_ROW(waiter)] == i + 1 ->
+        deadlock = 1;
+        printf("server: lease_claim_all(holder %d) DEADLOCK with holder %d\n", rh[i], rh[waiter])
+    :: else ->
+        printf("server: lease_claim_all(holder %d) lock_timeout at name %d\n", rh[i], NEXT_ROW(i))
+    fi;
+    waiter = 0;
+    CLAIM_ALL_ENDS(i, BUSY); free_slot(i)
+}
+
+/* Step 3: every row locked: the recheck and the grant; the locks end with it. */
+inline claim_all_done(i) {
+#ifdef MUT_CLAIM_ALL_ONE_BY_ONE
+    out = tab[0].fence; outb = tab[1].fence;
+#else
+    claim_all_grant(rh[i], TTL, out, outb);
+    if
+    :: out != BUSY -> gave[i] = 3
+    :: else -> skip
+    fi;
+#endif
+    printf("server: lease_claim_all(holder %d) = A %d, B %d\n", rh[i], out, outb);
+    CLAIM_ALL_ENDS(i, out);
+    if
+    :: aw[i / SLOTS] == i -> rvb[i / SLOTS] = outb
+    :: else -> skip
+    fi;
+    free_slot(i);
+    out = 0; outb = 0
+}
+
+#define SERVE(i) \
+    :: d_step { rop[i] != 0 && !(rop[i] == OP_CLAIM && ALL_OF(i)) && FREE_FOR(i) -> run_request(i) } \
+    :: d_step { rop[i] == OP_CLAIM && !ALL_OF(i) && !FREE_FOR(i) -> \
+        printf("server: lease_claim(holder %d) lock_timeout\n", rh[i]); ANSWER(i, BUSY); free_slot(i) } \
+    :: d_step { rop[i] == OP_CLAIM && ALL_OF(i) && rph[i] == 0 -> claim_all_read(i) } \
+    :: d_step { LOCKING(i) && !LOCKED_FOR(i, NEXT_ROW(i)) -> claim_all_lock(i) } \
+    :: d_step { LOCKING(i) && LOCKED_FOR(i, NEXT_ROW(i)) -> claim_all_wait_over(i) } \
+    :: d_step { rop[i] == OP_CLAIM && ALL_OF(i) && rph[i] == 3 -> claim_all_done(i) }
+#else
 /* The server runs request i (of client i / SLOTS), now; the reply goes back only if its
    sender still waits for it. */
 inline run_request(i) {
@@ -365,6 +703,7 @@ inline run_request(i) {
 
 #define SERVE(i) \
     :: d_step { rop[i] != 0 -> run_request(i) }
+#endif
 
 proctype Server() {
 end:
@@ -442,9 +781,25 @@ inline tick(c) {
    alike (one clock, assumption 1). Time is unbounded: every time the model keeps is
    relative and saturates, so the state space is finite. */
 proctype Clock() {
+#if KINDS
+    byte r;
+#endif
 end:
     do
     :: atomic {
+#if KINDS
+        /* every slot or name; no min_hold, so no age */
+        r = 0;
+        do
+        :: r < NR ->
+            if
+            :: tab[r].left > 0 -> tab[r].left--
+            :: else -> skip
+            fi;
+            r++
+        :: else -> r = 0; break
+        od;
+#endif
         if
         :: row.left > 0 -> row.left--
         :: else -> skip
@@ -468,7 +823,11 @@ end:
 #if NC > 2
         tick(2);
 #endif
+#if KINDS
+        printf("tick (rows left %d %d; client 0 believes %d ticks, client 1 %d)\n", tab[0].left, tab[NR - 1].left, el[0], el[1]) }
+#else
         printf("tick (row left %d; client 0 believes %d ticks, client 1 %d)\n", row.left, el[0], el[1]) }
+#endif
     od
 }
 
@@ -485,27 +844,83 @@ init {
 }
 
 /* ---- Properties ------------------------------------------------------------------- */
+#if PERMITS
+/* A believer is wronged by a later grant of its slot. */
+#define UNWRONGED(c) (!BELIEVES(c) || fen[c] >= top[sl[c]])
+#elif NAMES
+/* A believer is wronged by a later grant of any of its names: of both (fen, fb) or of
+   its one name r (fen). Spelled out per client: SPIN's LTL formulas are short. */
+#define UNWRONGED_BOTH(c) (!BELIEVES(c) || (fen[c] >= top[0] && fb[c] >= top[1]))
+#define UNWRONGED_ONE(c, r) (!BELIEVES(c) || fen[c] >= top[r])
+#else
 /* A believer is wronged by a later claim grant; not by a steal, which breaks a tenure
    by design (its next renewal reports the loss), nor by what follows a steal. */
 #define UNWRONGED(c) (!BELIEVES(c) || fen[c] >= top_claim || steal_top > fen[c])
-#if NC > 2
+#endif
+#if NAMES == 1
+#define NOBODY_WRONGED (UNWRONGED_BOTH(0) && UNWRONGED_BOTH(1))
+#elif NAMES && NC > 2
+#define NOBODY_WRONGED (UNWRONGED_BOTH(0) && UNWRONGED_ONE(1, 1) && UNWRONGED_ONE(2, 0))
+#elif NAMES
+#define NOBODY_WRONGED (UNWRONGED_BOTH(0) && UNWRONGED_ONE(1, 1))
+#elif NC > 2
 #define NOBODY_WRONGED (UNWRONGED(0) && UNWRONGED(1) && UNWRONGED(2))
 #else
 #define NOBODY_WRONGED (UNWRONGED(0) && UNWRONGED(1))
 #endif
 
-/* No other grant while a holder believes (within assumption 2: not with FAILOVER 2). */
+#if PERMITS
+#if NC > 2
+#define BELIEVERS (BELIEVES(0) + BELIEVES(1) + BELIEVES(2))
+#else
+#define BELIEVERS (BELIEVES(0) + BELIEVES(1))
+#endif
+#endif
+
+#if NAMES
+/* A claim of both names never believes one of them while another client believes it
+   (every pair that shares a name: client 0 shares one with each other, clients 1 and
+   2 of NAMES 2 claim different ones), and no lease_claim_all grants a subset
+   (partial). Renewal is per name (contract 5.3: a late lease_renew_each may renew A of
+   a tenure that lost B): not a grant. */
+#define SHARE(i, j) (BELIEVES(i) && BELIEVES(j))
+#if NC > 2
+#define ALL_OR_NOTHING (!SHARE(0, 1) && !SHARE(0, 2) && !partial)
+#else
+#define ALL_OR_NOTHING (!SHARE(0, 1) && !partial)
+#endif
+#endif
+
+/* No other grant while a holder believes (within assumption 2: not with FAILOVER 2);
+   of a permit: of its slot; of several names: of any of them. */
 ltl belief     { [] NOBODY_WRONGED }
 /* A stale fenced write never commits after a later grant. */
 ltl fenced     { [] !stale_write }
+#if PERMITS
+/* Never more believers than permits. */
+ltl permits        { [] (BELIEVERS <= PERMITS) }
+/* A slot's fence only grows. */
+ltl fence_grows    { [] !regress }
+/* What one search of a configuration checks: all of them at once. */
+ltl all            { [] (NOBODY_WRONGED && BELIEVERS <= PERMITS && !regress && !stale_write) }
+#elif NAMES
+/* A claim of several names is all or nothing: never two believers of one name, never
+   a claim of both names holding one while another holds the other. */
+ltl all_or_nothing { [] ALL_OR_NOTHING }
+/* Claims of several names never wait for each other's row locks in a cycle. */
+ltl no_deadlock    { [] !deadlock }
+/* A name's fence only grows. */
+ltl fence_grows    { [] !regress }
+ltl all            { [] (NOBODY_WRONGED && ALL_OR_NOTHING && !deadlock && !regress) }
+#else
 /* No fence is issued twice, across a failover too. */
 ltl fence_once { [] !reissued }
 /* What one search of a configuration checks: the three at once, or (FAILOVER 2, where
    a lost grant is outside the promise) the two about fences. */
 ltl all        { [] (NOBODY_WRONGED && !stale_write && !reissued) }
 ltl fences     { [] (!stale_write && !reissued) }
+#endif
 
 /* Where later primitives go (docs/model.md, "Adding a primitive"):
    ltl shared_exclusive { [] ... }   a shared holder never overlaps an exclusive one
-   ltl permits          { [] ... }   never more believers than permits
    ltl partitions       { [] ... }   never two believing owners of a partition */

@@ -107,3 +107,35 @@ def loss_cause(link_: Link, ticket: Ticket) -> str | None:
         return link_.run(look, name=name, urgent=True)
     except Exception:
         return None  # the loss is the story; its detail is a courtesy
+
+
+#: One part of a tenure of several (a slot, a name): how a message names it, its status
+#: row now (None when the database has none), and the fence this tenure was granted.
+Part = tuple[str, Any, int]
+
+
+def parts_loss_cause(
+    link_: Link, ticket: Ticket, parts: Callable[[Backend], list[Part]]
+) -> str | None:
+    """What the database says became of a tenure of several parts we lost (permits,
+    several names): the first part granted to another holder, else the first whose ttl
+    ran out; None if it cannot say. Asked as :func:`loss_cause` is."""
+
+    def look(b: Backend) -> str | None:
+        mine = []
+        for label, row, fence in parts(b):
+            if row is None:
+                continue
+            if row.holder != ticket.holder or row.fence != fence:
+                return f"{label} granted to {row.holder!r} with fence {row.fence}"
+            mine.append((label, row))
+        # The release freed the parts still ours: only an expired one tells more.
+        for label, row in mine:
+            if row.state == "expired":
+                return f"{label}: its ttl ran out before a renewal reached the database"
+        return None
+
+    try:
+        return link_.run(look, name=ticket.name, urgent=True)
+    except Exception:
+        return None  # the loss is the story; its detail is a courtesy

@@ -542,6 +542,12 @@ class Wait(Generic[G]):
         return pause
 
 
+def lease_attempt(opts: Options, holder: str) -> LeaseClaim:
+    """The attempt of a lease of ``opts`` claimed by ``holder``."""
+    # A holder the caller chose may be another process's too: claim a new tenure.
+    return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
+
+
 def acquire(
     link_: Link,
     opts: Options,
@@ -553,6 +559,25 @@ def acquire(
 ) -> tuple[int, float]:
     """Claim the lease, waiting as allowed: (fence, monotonic time the claim was sent).
 
+    :raises LeaseBusy: the wait ran out.
+    :raises WaitStopped: ``stop`` was set first.
+    """
+    attempt = lease_attempt(opts, holder)
+    return acquire_with(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
+
+
+def acquire_with(
+    link_: Link,
+    attempt: Attempt[G],
+    opts: Options,
+    *,
+    want_holder: bool = True,
+    on_busy: Callable[[Any], object] | None = None,
+    stop: Stop | None = None,
+) -> tuple[G, float]:
+    """Run ``attempt`` (a lease's, permits', several names'), waiting as ``opts``
+    allow: (grant, monotonic time its claim was sent).
+
     ``on_busy(row)`` is called (and awaited, if it returns an awaitable) after every
     busy attempt that read the status row that stood in the way (None if it vanished),
     the last one before LeaseBusy included; with ``on_busy`` every attempt reads it.
@@ -560,19 +585,5 @@ def acquire(
     :raises LeaseBusy: the wait ran out.
     :raises WaitStopped: ``stop`` was set first.
     """
-    # A holder the caller chose may be another process's too: claim a new tenure.
-    attempt = LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
     wait = Wait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
-    return wait.run()
-
-
-def acquire_with(
-    link_: Link, attempt: Attempt[G], opts: Options, *, want_holder: bool = True
-) -> tuple[G, float]:
-    """Run ``attempt`` (permits, several names), waiting as ``opts`` allow: (grant,
-    monotonic time its claim was sent).
-
-    :raises LeaseBusy: the wait ran out.
-    """
-    wait = Wait(link_, attempt, opts, want_holder=want_holder, on_busy=None)
     return wait.run()

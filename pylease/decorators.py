@@ -2,8 +2,9 @@
 
 The decorator for work that frameworks schedule (a Celery task, an APScheduler job, a
 cron entry point): at most one call at a time across every process that reaches the
-same database. It is :func:`pylease.run_exclusive` / :func:`pylease.arun_exclusive`
-around each call, with the lease name formatted from the call's arguments.
+same database (with ``max_permits=N``, at most N: a permit of a semaphore). It is
+:func:`pylease.run_exclusive` / :func:`pylease.arun_exclusive` around each call (or
+their equal for a permit), with the name formatted from the call's arguments.
 
 The lease covers the call, so only callables whose work is done when the call (or its
 await) returns are accepted: a generator function's body runs while the caller iterates,
@@ -24,8 +25,11 @@ from typing import Any, Literal, NoReturn, ParamSpec, Protocol, TypeVar, cast, o
 from pylease import _checks
 from pylease._types import AsyncTarget, Duration, Target
 from pylease.errors import InvalidArgument
-from pylease.leasing import lease, run_exclusive
-from pylease.leasing_async import alease, arun_exclusive
+from pylease.leasing import Lease, lease, run_in
+from pylease.leasing_async import AsyncLease, alease
+from pylease.leasing_async import run_in as arun_in
+from pylease.permits import permit
+from pylease.permits_async import apermit
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -37,6 +41,8 @@ LEASE_OPTIONS = frozenset(
     {"holder", "wait", "heartbeat", "on_lost", "min_hold", "heartbeat_target", "poll_interval"}
 )
 ASYNC_OPTIONS = LEASE_OPTIONS | {"cancel_on_lost"}
+# With max_permits, permit()'s: no min_hold, and how many permits a call holds.
+PERMIT_OPTIONS = (LEASE_OPTIONS - {"min_hold"}) | {"permits"}
 
 
 # A generator function is refused at decoration (see the module's docstring): typed as
@@ -81,6 +87,7 @@ def exclusive(
     ttl: Duration,
     *,
     busy: Literal["return"] = "return",
+    max_permits: int | None = None,
     **lease_options: Any,
 ) -> ExclusiveOrNone: ...
 
@@ -92,6 +99,7 @@ def exclusive(
     ttl: Duration,
     *,
     busy: Literal["raise"],
+    max_permits: int | None = None,
     **lease_options: Any,
 ) -> ExclusiveOrRaise: ...
 
@@ -102,6 +110,7 @@ def exclusive(
     ttl: Duration,
     *,
     busy: Busy = "return",
+    max_permits: int | None = None,
     **lease_options: Any,
 ) -> ExclusiveOrNone | ExclusiveOrRaise:
     """Run each call of the decorated function under the lease ``name``.
@@ -113,6 +122,9 @@ def exclusive(
 
         report(date(2026, 12, 1))   # None if another process is making that report
 
+        @exclusive(DSN, "export-{tenant_id}", ttl="5m", max_permits=2, wait="10m")
+        def export(tenant_id: int) -> None: ...   # at most 2 exports per tenant at once
+
     :param target: as for :func:`pylease.lease` (or :func:`pylease.alease` for a
         coroutine function): a connection, pool, URL, SQLAlchemy engine or Django
         connection. It is used at call time, never at decoration.
@@ -121,9 +133,13 @@ def exclusive(
     :param ttl: how long the lease outlives its last renewal, as for :func:`pylease.lease`.
     :param busy: ``"return"`` (default): a busy lease returns None without calling the
         function; ``"raise"``: it raises :class:`LeaseBusy`.
+    :param max_permits: a concurrency cap instead of one call at a time: each call holds
+        a permit of the semaphore ``name`` (:func:`pylease.permit`), at most
+        ``max_permits`` of them held at once; a template gives a cap per key.
     :param lease_options: ``holder``, ``wait``, ``heartbeat``, ``on_lost``, ``min_hold``,
         ``heartbeat_target``, ``poll_interval``, and ``cancel_on_lost`` for coroutine
-        functions, as for :func:`pylease.lease` and :func:`pylease.alease`.
+        functions, as for :func:`pylease.lease` and :func:`pylease.alease`; with
+        ``max_permits``, those of :func:`pylease.permit` (``permits``, no ``min_hold``).
     :raises InvalidArgument: at decoration, a bad ttl, ``busy`` or template, a field
         the function has no parameter for, or a generator function (the lease would end
         before its body runs: hold it inside, ``with lease(...)`` around the ``yield``
@@ -135,10 +151,21 @@ def exclusive(
     if busy not in ("return", "raise"):
         raise InvalidArgument('pylease: busy must be "return" or "raise"', parameter="busy")
     _checks.ttl(ttl)
-    unknown = set(lease_options) - ASYNC_OPTIONS
+    known = ASYNC_OPTIONS
+    if max_permits is not None:
+        limit = _checks.max_permits(max_permits)
+        if "permits" in lease_options:
+            _checks.count("permits", lease_options["permits"], limit, "max_permits")
+        known = PERMIT_OPTIONS | {"cancel_on_lost"}
+        lease_options = {**lease_options, "max_permits": limit}
+    unknown = set(lease_options) - known - {"max_permits"}
     if unknown:
         raise TypeError(f"exclusive() got unexpected lease options: {', '.join(sorted(unknown))}")
     fields = _template_fields(name)
+    # What each call holds: a lease, or a permit of a semaphore. The target is either
+    # kind (Target or AsyncTarget): the block's own check tells a wrong one.
+    block, ablock = (lease, alease) if max_permits is None else (permit, apermit)
+    target_: Any = target
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
@@ -154,10 +181,18 @@ def exclusive(
             )
         lease_name = _namer(fn, name, fields)
         if kind == "coroutine":
-            return _async_wrapper(fn, target, lease_name, ttl, busy, lease_options)
+
+            def aopen(name: str) -> AsyncLease:
+                return ablock(target_, name, ttl, **lease_options)
+
+            return _async_wrapper(fn, aopen, lease_name, busy)
         if "cancel_on_lost" in lease_options:
             raise TypeError("exclusive(): cancel_on_lost is for coroutine functions only")
-        return _sync_wrapper(fn, target, lease_name, ttl, busy, lease_options)
+
+        def open_(name: str) -> Lease:
+            return block(target_, name, ttl, **lease_options)
+
+        return _sync_wrapper(fn, open_, lease_name, busy)
 
     # Typed by its overloads: one that never returns (a generator function is refused).
     return cast(ExclusiveOrNone | ExclusiveOrRaise, decorate)
@@ -165,33 +200,29 @@ def exclusive(
 
 def _sync_wrapper(
     fn: Callable[..., Any],
-    target: Any,  # Target or AsyncTarget: the lease function checks it
+    open_block: Callable[[str], Lease],
     lease_name: Callable[[tuple[Any, ...], dict[str, Any]], str],
-    ttl: Any,
     busy: Busy,
-    options: dict[str, Any],
 ) -> Callable[..., Any]:
     def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _done(fn, fn(*args, **kwargs))
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        name = lease_name(args, kwargs)
+        cm = open_block(lease_name(args, kwargs))
         if busy == "raise":
-            with lease(target, name, ttl, **options):
+            with cm:
                 return call(args, kwargs)
-        return run_exclusive(target, name, ttl, lambda: call(args, kwargs), **options).result
+        return run_in(cm, lambda: call(args, kwargs)).result
 
     return wrapper
 
 
 def _async_wrapper(
     fn: Callable[..., Any],
-    target: Any,  # Target or AsyncTarget: the lease function checks it
+    open_block: Callable[[str], AsyncLease],
     lease_name: Callable[[tuple[Any, ...], dict[str, Any]], str],
-    ttl: Any,
     busy: Busy,
-    options: dict[str, Any],
 ) -> Callable[..., Any]:
     # An object whose __call__ is a coroutine function is wrapped as that method is,
     # so the wrapper is a coroutine function with its signature.
@@ -199,12 +230,11 @@ def _async_wrapper(
 
     @functools.wraps(wrapped)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        name = lease_name(args, kwargs)
+        cm = open_block(lease_name(args, kwargs))
         if busy == "raise":
-            async with alease(target, name, ttl, **options):
+            async with cm:
                 return await fn(*args, **kwargs)
-        outcome = await arun_exclusive(target, name, ttl, lambda: fn(*args, **kwargs), **options)
-        return outcome.result
+        return (await arun_in(cm, lambda: fn(*args, **kwargs))).result
 
     return wrapper
 

@@ -28,6 +28,7 @@ from pylease._caller_tx import Deferred
 from pylease._held import (
     Held,
     Options,
+    bool_option,
     end_keep_fresh,
     finish,
     keep_fresh_options,
@@ -41,7 +42,7 @@ from pylease._links import check as check_target
 from pylease._tenure import loss_cause, release, renew_leases
 from pylease._ticket import Ticket, abandon, inherited, notify_lost
 from pylease._types import Duration, Target, Wait
-from pylease._waiting import Stop, acquire
+from pylease._waiting import Attempt, Stop, acquire_with, lease_attempt
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 
 T = TypeVar("T")
@@ -54,8 +55,9 @@ class Lease:
     """The context manager :func:`lease` returns; single use.
 
     Permits and several names (:mod:`pylease.permits`) are blocks of this kind
-    too: they change what is claimed, held and released (the methods ``_names``,
-    ``_claim``, ``_made``, ``_release`` and ``_loss_cause``), and the rest is this.
+    too: they change what is claimed and held (the methods ``_names``, ``_attempt``,
+    ``_made`` and ``_loss_cause``), and the rest is this: the wait, the keeper, the
+    release of the tenure (:func:`pylease._tenure.release`, by the ticket's kind).
     """
 
     # A later block of the name in the caller's transaction may take a deferred lease
@@ -80,8 +82,8 @@ class Lease:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
-        self.on_busy: Callable[[Any], object] | None = None  # see acquire()
-        self.stop: Stop | None = None  # see acquire()
+        self.on_busy: Callable[[Any], object] | None = None  # see acquire_with()
+        self.stop: Stop | None = None  # see acquire_with()
 
     def acquire(self) -> Held:
         """Enter the block without ``with``: a lease held across callbacks."""
@@ -111,7 +113,14 @@ class Lease:
         try:
             if self._exclusive:  # nested in a block of the name on that database: refused
                 _claims.own(names, holder, link_.source.key)
-            grant, sent_at = self._claim(link_, holder)
+            grant, sent_at = acquire_with(
+                link_,
+                self._attempt(holder),
+                opts,
+                want_holder=self.want_holder,
+                on_busy=self.on_busy,
+                stop=self.stop,
+            )
         except BaseException:
             self._link = None
             _claims.leave_all(names, holder)
@@ -173,16 +182,9 @@ class Lease:
         """The names this block claims, for the claims of this process."""
         return (self._opts.name,)
 
-    def _claim(self, link_: Link, holder: str) -> tuple[Any, float]:
-        """Claim, waiting as allowed: (grant, monotonic time its claim was sent)."""
-        return acquire(
-            link_,
-            self._opts,
-            holder,
-            want_holder=self.want_holder,
-            on_busy=self.on_busy,
-            stop=self.stop,
-        )
+    def _attempt(self, holder: str) -> Attempt[Any]:
+        """What this block's claim tries, as the wait engine runs it."""
+        return lease_attempt(self._opts, holder)
 
     def _made(self, ticket: Ticket, grant: Any) -> Held:
         """The Held of a grant, and what its ticket keeps."""
@@ -245,6 +247,23 @@ class Lease:
         return True
 
 
+def block_options(
+    target: object,
+    heartbeat_target: object,
+    name: object,
+    ttl: object,
+    *,
+    cancel_on_lost: object = False,
+    **rest: Any,
+) -> Options:
+    """Every argument of a lease block (a lease's, permits', several names'), checked
+    before any I/O: ``ValueError`` subclasses."""
+    opts = options(name, ttl, **rest)
+    bool_option("cancel_on_lost", cancel_on_lost)
+    check_target(target, heartbeat_target)
+    return opts._replace(cancel_on_lost=bool(cancel_on_lost))
+
+
 def lease(
     target: Target,
     name: str,
@@ -283,7 +302,9 @@ def lease(
     :raises LeaseBusy: the lease is held by another holder (after ``wait``).
     :raises LeaseLost: the block returned, but the lease was lost meanwhile.
     """
-    opts = options(
+    opts = block_options(
+        target,
+        heartbeat_target,
         name,
         ttl,
         holder=holder,
@@ -293,7 +314,6 @@ def lease(
         min_hold=min_hold,
         poll_interval=poll_interval,
     )
-    check_target(target, heartbeat_target)
     return Lease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 
@@ -332,11 +352,12 @@ def run_exclusive(
         heartbeat_target=heartbeat_target,
         poll_interval=poll_interval,
     )
-    return _run_in(cm, work)
+    return run_in(cm, work)
 
 
-def _run_in(cm: Lease, work: Callable[[], T]) -> Outcome[T]:
-    """Run ``work()`` inside ``cm``; a busy lease is ``Outcome(False, None)``."""
+def run_in(cm: Lease, work: Callable[[], T]) -> Outcome[T]:
+    """Run ``work()`` inside the block ``cm`` (a lease's, permits', several names');
+    a busy claim is ``Outcome(False, None)``."""
     cm.want_holder = False  # a busy lease is silent here: no need to ask who holds it
     try:
         cm.__enter__()

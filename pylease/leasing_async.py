@@ -45,7 +45,7 @@ from pylease._log import text as error_text
 from pylease._tenure_async import loss_cause, release, renew_leases
 from pylease._ticket import AsyncTicket, abandon, inherited, notify_lost
 from pylease._types import AsyncTarget, Duration, Wait
-from pylease._waiting_async import Stop, acquire
+from pylease._waiting_async import Attempt, Stop, acquire_with, lease_attempt
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 
 T = TypeVar("T")
@@ -58,8 +58,9 @@ class AsyncLease:
     """The context manager :func:`alease` returns; single use.
 
     Permits and several names (:mod:`pylease.permits_async`) are blocks of this kind
-    too: they change what is claimed, held and released (the methods ``_names``,
-    ``_claim``, ``_made``, ``_release`` and ``_loss_cause``), and the rest is this.
+    too: they change what is claimed and held (the methods ``_names``, ``_attempt``,
+    ``_made`` and ``_loss_cause``), and the rest is this: the wait, the keeper, the
+    release of the tenure (:func:`pylease._tenure_async.release`, by the ticket's kind).
     """
 
     # A later block of the name in the caller's transaction may take a deferred lease
@@ -84,8 +85,8 @@ class AsyncLease:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
-        self.on_busy: Callable[[Any], object] | None = None  # see acquire()
-        self.stop: Stop | None = None  # see acquire()
+        self.on_busy: Callable[[Any], object] | None = None  # see acquire_with()
+        self.stop: Stop | None = None  # see acquire_with()
         if True:  # ASYNC
             self._cancelling = 0
 
@@ -117,7 +118,14 @@ class AsyncLease:
         try:
             if self._exclusive:  # nested in a block of the name on that database: refused
                 _claims.own(names, holder, link_.source.key)
-            grant, sent_at = await self._claim(link_, holder)
+            grant, sent_at = await acquire_with(
+                link_,
+                self._attempt(holder),
+                opts,
+                want_holder=self.want_holder,
+                on_busy=self.on_busy,
+                stop=self.stop,
+            )
         except BaseException:
             self._link = None
             _claims.leave_all(names, holder)
@@ -204,16 +212,9 @@ class AsyncLease:
         """The names this block claims, for the claims of this process."""
         return (self._opts.name,)
 
-    async def _claim(self, link_: AsyncLink, holder: str) -> tuple[Any, float]:
-        """Claim, waiting as allowed: (grant, monotonic time its claim was sent)."""
-        return await acquire(
-            link_,
-            self._opts,
-            holder,
-            want_holder=self.want_holder,
-            on_busy=self.on_busy,
-            stop=self.stop,
-        )
+    def _attempt(self, holder: str) -> Attempt[Any]:
+        """What this block's claim tries, as the wait engine runs it."""
+        return lease_attempt(self._opts, holder)
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         """The Held of a grant, and what its ticket keeps."""
@@ -306,6 +307,23 @@ class AsyncLease:
             return exc, False
 
 
+def block_options(
+    target: object,
+    heartbeat_target: object,
+    name: object,
+    ttl: object,
+    *,
+    cancel_on_lost: object = False,
+    **rest: Any,
+) -> Options:
+    """Every argument of a lease block (a lease's, permits', several names'), checked
+    before any I/O: ``ValueError`` subclasses."""
+    opts = options(name, ttl, **rest)
+    bool_option("cancel_on_lost", cancel_on_lost)
+    check_target(target, heartbeat_target)
+    return opts._replace(cancel_on_lost=bool(cancel_on_lost))
+
+
 if True:  # ASYNC
 
     def alease(
@@ -338,7 +356,9 @@ if True:  # ASYNC
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the lease was lost while the block ran.
         """
-        opts = options(
+        opts = block_options(
+            target,
+            heartbeat_target,
             name,
             ttl,
             holder=holder,
@@ -347,15 +367,9 @@ if True:  # ASYNC
             on_lost=on_lost,
             min_hold=min_hold,
             poll_interval=poll_interval,
+            cancel_on_lost=cancel_on_lost,
         )
-        bool_option("cancel_on_lost", cancel_on_lost)
-        check_target(target, heartbeat_target)
-        return AsyncLease(
-            target,
-            opts._replace(cancel_on_lost=cancel_on_lost),
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
-        )
+        return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
         target: AsyncTarget,
@@ -391,7 +405,7 @@ if True:  # ASYNC
             poll_interval=poll_interval,
             cancel_on_lost=cancel_on_lost,
         )
-        return await _run_in(cm, work)
+        return await run_in(cm, work)
 
 else:
 
@@ -433,7 +447,9 @@ else:
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the block returned, but the lease was lost meanwhile.
         """
-        opts = options(
+        opts = block_options(
+            target,
+            heartbeat_target,
             name,
             ttl,
             holder=holder,
@@ -443,7 +459,6 @@ else:
             min_hold=min_hold,
             poll_interval=poll_interval,
         )
-        check_target(target, heartbeat_target)
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
@@ -481,11 +496,12 @@ else:
             heartbeat_target=heartbeat_target,
             poll_interval=poll_interval,
         )
-        return await _run_in(cm, work)
+        return await run_in(cm, work)
 
 
-async def _run_in(cm: AsyncLease, work: Callable[[], Awaitable[T]]) -> Outcome[T]:
-    """Run ``work()`` inside ``cm``; a busy lease is ``Outcome(False, None)``."""
+async def run_in(cm: AsyncLease, work: Callable[[], Awaitable[T]]) -> Outcome[T]:
+    """Run ``work()`` inside the block ``cm`` (a lease's, permits', several names');
+    a busy claim is ``Outcome(False, None)``."""
     cm.want_holder = False  # a busy lease is silent here: no need to ask who holds it
     try:
         await cm.__aenter__()

@@ -10,7 +10,8 @@ the keeper renews them in the statement that renews every lease of the process
 the holder's slots, ``lease_release_all`` its names. Neither release takes a fence
 (the SQL has none): a holder names one claim, and the default holder is unique per
 claim. A release that finds any slot or name no longer ours fails the work, as for
-a lease.
+a lease. The twins differ as :mod:`pylease.leasing`'s do: only on an event loop
+is the block's task cancelled when a permit or a name is lost (``cancel_on_lost``).
 """
 
 from __future__ import annotations
@@ -20,20 +21,14 @@ from typing import Any
 
 from pylease import _checks
 from pylease._backend import Backend
-from pylease._held import (
-    Held,
-    NamesHeld,
-    Options,
-    PermitsHeld,
-    options,
-)
+from pylease._held import Held, NamesHeld, Options, PermitsHeld
 from pylease._links import Link
-from pylease._links import check as check_target
+from pylease._tenure import Part, parts_loss_cause
 from pylease._ticket import Ticket
 from pylease._types import Duration, Target, Wait
-from pylease._waiting import ClaimAll, PermitClaim, acquire_with
+from pylease._waiting import ClaimAll, PermitClaim
 from pylease.errors import InvalidArgument
-from pylease.leasing import Lease, LostCallback
+from pylease.leasing import Lease, LostCallback, block_options
 
 
 class Permit(Lease):
@@ -56,10 +51,9 @@ class Permit(Lease):
         self._max_permits, self._permits = max_permits, permits
         self._slots: dict[int, int] = {}
 
-    def _claim(self, link_: Link, holder: str) -> tuple[Any, float]:
+    def _attempt(self, holder: str) -> PermitClaim:
         opts = self._opts
-        attempt = PermitClaim(opts.name, self._max_permits, opts.ttl, holder, self._permits)
-        return acquire_with(link_, attempt, opts, want_holder=self.want_holder)
+        return PermitClaim(opts.name, self._max_permits, opts.ttl, holder, self._permits)
 
     def _made(self, ticket: Ticket, grant: Any) -> Held:
         ticket.kind = "permit"
@@ -72,22 +66,11 @@ class Permit(Lease):
         """Which of our slots the database gave to whom; None if it cannot say."""
         name, slots = ticket.name, self._slots
 
-        def look(b: Backend) -> str | None:
+        def parts(b: Backend) -> list[Part]:
             rows = {r.slot: r for r in b.permit_status(name)}
-            mine = [(slot, rows[slot]) for slot in slots if slot in rows]
-            for slot, row in mine:
-                if row.holder != ticket.holder or row.fence != slots[slot]:
-                    return f"slot {slot} granted to {row.holder!r} with fence {row.fence}"
-            # The release freed the slots still ours: only an expired one tells more.
-            for slot, row in mine:
-                if row.state == "expired":
-                    return f"slot {slot}: its ttl ran out before a renewal reached the database"
-            return None
+            return [(f"slot {slot}", rows.get(slot), fence) for slot, fence in slots.items()]
 
-        try:
-            return link_.run(look, name=name)
-        except Exception:
-            return None  # the loss is the story; its detail is a courtesy
+        return parts_loss_cause(link_, ticket, parts)
 
 
 class Names(Lease):
@@ -111,9 +94,8 @@ class Names(Lease):
     def _names(self) -> tuple[str, ...]:
         return self._all
 
-    def _claim(self, link_: Link, holder: str) -> tuple[Any, float]:
-        attempt = ClaimAll(self._all, self._opts.ttl, holder)
-        return acquire_with(link_, attempt, self._opts, want_holder=self.want_holder)
+    def _attempt(self, holder: str) -> ClaimAll:
+        return ClaimAll(self._all, self._opts.ttl, holder)
 
     def _made(self, ticket: Ticket, grant: Any) -> Held:
         ticket.names = self._all
@@ -126,42 +108,60 @@ class Names(Lease):
         """Which of our names the database gave to whom; None if it cannot say."""
         fences = self._fences
 
-        def look(b: Backend) -> str | None:
-            mine = []
+        def parts(b: Backend) -> list[Part]:
+            found: list[Part] = []
             for name, fence in fences.items():
                 rows = b.status(name)
-                if not rows:
-                    continue
-                row = rows[0]
-                if row.holder != ticket.holder or row.fence != fence:
-                    return f"{name!r} claimed by {row.holder!r} with fence {row.fence}"
-                mine.append(row)
-            # The release freed the names still ours: only an expired one tells more.
-            for row in mine:
-                if row.state == "expired":
-                    return f"{row.name!r}: its ttl ran out before a renewal reached the database"
-            return None
+                found.append((repr(name), rows[0] if rows else None, fence))
+            return found
 
-        try:
-            return link_.run(look, name=ticket.name)
-        except Exception:
-            return None
+        return parts_loss_cause(link_, ticket, parts)
 
 
-def _permit_options(
-    name: object, ttl: object, max_permits: object, permits: object, **rest: Any
-) -> tuple[Options, int, int]:
+def _permit(
+    target: object,
+    name: object,
+    ttl: object,
+    max_permits: object,
+    permits: object,
+    on_lost: LostCallback | None,
+    heartbeat_target: object,
+    **rest: Any,
+) -> Permit:
+    """:func:`permit`'s block, every argument checked before any I/O."""
     limit = _checks.max_permits(max_permits)
     count = _checks.count("permits", permits, limit, "max_permits")
-    return options(name, ttl, min_hold=None, **rest), limit, count
+    opts = block_options(
+        target, heartbeat_target, name, ttl, on_lost=on_lost, min_hold=None, **rest
+    )
+    return Permit(
+        target,
+        opts,
+        max_permits=limit,
+        permits=count,
+        on_lost=on_lost,
+        heartbeat_target=heartbeat_target,
+    )
 
 
-def _names(names: object) -> tuple[str, ...]:
+def _leases(
+    target: object,
+    names: object,
+    ttl: object,
+    on_lost: LostCallback | None,
+    heartbeat_target: object,
+    **rest: Any,
+) -> Names:
+    """:func:`leases`' block, every argument checked before any I/O."""
     if isinstance(names, str):
         raise InvalidArgument(
             "pylease: names must be a sequence of names, not one str", parameter="names"
         )
-    return tuple(_checks.names(names))
+    all_names = tuple(_checks.names(names))
+    opts = block_options(
+        target, heartbeat_target, all_names[0], ttl, on_lost=on_lost, min_hold=None, **rest
+    )
+    return Names(target, opts, all_names, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 
 def permit(
@@ -186,31 +186,24 @@ def permit(
         with permit(conn, "export", max_permits=4, ttl=60) as held:
             held.slots  # slot -> fence
 
-    The other arguments are those of :func:`lease`; a body that must not outlive
-    its permits calls ``held.check()`` between steps, or passes ``on_lost``.
+    The other arguments are those of :func:`lease`, and a lost permit ends the block
+    as a lost lease does.
 
     :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
-    :raises LeaseLost: the block returned, but a slot was lost meanwhile.
+    :raises LeaseLost: a slot was lost while the block ran.
     """
-    opts, limit, count = _permit_options(
+    return _permit(
+        target,
         name,
         ttl,
         max_permits,
         permits,
+        on_lost,
+        heartbeat_target,
         holder=holder,
         wait=wait,
         heartbeat=heartbeat,
-        on_lost=on_lost,
         poll_interval=poll_interval,
-    )
-    check_target(target, heartbeat_target)
-    return Permit(
-        target,
-        opts,
-        max_permits=limit,
-        permits=count,
-        on_lost=on_lost,
-        heartbeat_target=heartbeat_target,
     )
 
 
@@ -234,21 +227,20 @@ def leases(
         with leases(conn, ["acct-17", "acct-42"], ttl=30) as held:
             held.fences  # name -> fence
 
-    The other arguments are those of :func:`lease`.
+    The other arguments are those of :func:`lease`, and a lost name ends the block
+    as a lost lease does.
 
     :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
-    :raises LeaseLost: the block returned, but one of them was lost meanwhile.
+    :raises LeaseLost: one of them was lost while the block ran.
     """
-    all_names = _names(names)
-    opts = options(
-        all_names[0],
+    return _leases(
+        target,
+        names,
         ttl,
+        on_lost,
+        heartbeat_target,
         holder=holder,
         wait=wait,
         heartbeat=heartbeat,
-        on_lost=on_lost,
-        min_hold=None,
         poll_interval=poll_interval,
     )
-    check_target(target, heartbeat_target)
-    return Names(target, opts, all_names, on_lost=on_lost, heartbeat_target=heartbeat_target)

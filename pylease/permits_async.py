@@ -9,7 +9,8 @@ the keeper renews them in the statement that renews every lease of the process
 the holder's slots, ``lease_release_all`` its names. Neither release takes a fence
 (the SQL has none): a holder names one claim, and the default holder is unique per
 claim. A release that finds any slot or name no longer ours fails the work, as for
-a lease.
+a lease. The twins differ as :mod:`pylease.leasing_async`'s do: only on an event loop
+is the block's task cancelled when a permit or a name is lost (``cancel_on_lost``).
 """
 
 from __future__ import annotations
@@ -19,21 +20,14 @@ from typing import Any
 
 from pylease import _checks
 from pylease._backend_async import AsyncBackend
-from pylease._held import (
-    AsyncNamesHeld,
-    AsyncPermitsHeld,
-    Held,
-    Options,
-    bool_option,
-    options,
-)
+from pylease._held import AsyncNamesHeld, AsyncPermitsHeld, Held, Options
 from pylease._links_async import AsyncLink
-from pylease._links_async import check as check_target
+from pylease._tenure_async import Part, parts_loss_cause
 from pylease._ticket import AsyncTicket
 from pylease._types import AsyncTarget, Duration, Wait
-from pylease._waiting_async import ClaimAll, PermitClaim, acquire_with
+from pylease._waiting_async import ClaimAll, PermitClaim
 from pylease.errors import InvalidArgument
-from pylease.leasing_async import AsyncLease, AsyncLostCallback
+from pylease.leasing_async import AsyncLease, AsyncLostCallback, block_options
 
 
 class AsyncPermit(AsyncLease):
@@ -56,10 +50,9 @@ class AsyncPermit(AsyncLease):
         self._max_permits, self._permits = max_permits, permits
         self._slots: dict[int, int] = {}
 
-    async def _claim(self, link_: AsyncLink, holder: str) -> tuple[Any, float]:
+    def _attempt(self, holder: str) -> PermitClaim:
         opts = self._opts
-        attempt = PermitClaim(opts.name, self._max_permits, opts.ttl, holder, self._permits)
-        return await acquire_with(link_, attempt, opts, want_holder=self.want_holder)
+        return PermitClaim(opts.name, self._max_permits, opts.ttl, holder, self._permits)
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         ticket.kind = "permit"
@@ -72,22 +65,11 @@ class AsyncPermit(AsyncLease):
         """Which of our slots the database gave to whom; None if it cannot say."""
         name, slots = ticket.name, self._slots
 
-        async def look(b: AsyncBackend) -> str | None:
+        async def parts(b: AsyncBackend) -> list[Part]:
             rows = {r.slot: r for r in await b.permit_status(name)}
-            mine = [(slot, rows[slot]) for slot in slots if slot in rows]
-            for slot, row in mine:
-                if row.holder != ticket.holder or row.fence != slots[slot]:
-                    return f"slot {slot} granted to {row.holder!r} with fence {row.fence}"
-            # The release freed the slots still ours: only an expired one tells more.
-            for slot, row in mine:
-                if row.state == "expired":
-                    return f"slot {slot}: its ttl ran out before a renewal reached the database"
-            return None
+            return [(f"slot {slot}", rows.get(slot), fence) for slot, fence in slots.items()]
 
-        try:
-            return await link_.run(look, name=name)
-        except Exception:
-            return None  # the loss is the story; its detail is a courtesy
+        return await parts_loss_cause(link_, ticket, parts)
 
 
 class AsyncNames(AsyncLease):
@@ -111,9 +93,8 @@ class AsyncNames(AsyncLease):
     def _names(self) -> tuple[str, ...]:
         return self._all
 
-    async def _claim(self, link_: AsyncLink, holder: str) -> tuple[Any, float]:
-        attempt = ClaimAll(self._all, self._opts.ttl, holder)
-        return await acquire_with(link_, attempt, self._opts, want_holder=self.want_holder)
+    def _attempt(self, holder: str) -> ClaimAll:
+        return ClaimAll(self._all, self._opts.ttl, holder)
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         ticket.names = self._all
@@ -126,231 +107,143 @@ class AsyncNames(AsyncLease):
         """Which of our names the database gave to whom; None if it cannot say."""
         fences = self._fences
 
-        async def look(b: AsyncBackend) -> str | None:
-            mine = []
+        async def parts(b: AsyncBackend) -> list[Part]:
+            found: list[Part] = []
             for name, fence in fences.items():
                 rows = await b.status(name)
-                if not rows:
-                    continue
-                row = rows[0]
-                if row.holder != ticket.holder or row.fence != fence:
-                    return f"{name!r} claimed by {row.holder!r} with fence {row.fence}"
-                mine.append(row)
-            # The release freed the names still ours: only an expired one tells more.
-            for row in mine:
-                if row.state == "expired":
-                    return f"{row.name!r}: its ttl ran out before a renewal reached the database"
-            return None
+                found.append((repr(name), rows[0] if rows else None, fence))
+            return found
 
-        try:
-            return await link_.run(look, name=ticket.name)
-        except Exception:
-            return None
+        return await parts_loss_cause(link_, ticket, parts)
 
 
-def _permit_options(
-    name: object, ttl: object, max_permits: object, permits: object, **rest: Any
-) -> tuple[Options, int, int]:
+def _permit(
+    target: object,
+    name: object,
+    ttl: object,
+    max_permits: object,
+    permits: object,
+    on_lost: AsyncLostCallback | None,
+    heartbeat_target: object,
+    **rest: Any,
+) -> AsyncPermit:
+    """:func:`apermit`'s block, every argument checked before any I/O."""
     limit = _checks.max_permits(max_permits)
     count = _checks.count("permits", permits, limit, "max_permits")
-    return options(name, ttl, min_hold=None, **rest), limit, count
+    opts = block_options(
+        target, heartbeat_target, name, ttl, on_lost=on_lost, min_hold=None, **rest
+    )
+    return AsyncPermit(
+        target,
+        opts,
+        max_permits=limit,
+        permits=count,
+        on_lost=on_lost,
+        heartbeat_target=heartbeat_target,
+    )
 
 
-def _names(names: object) -> tuple[str, ...]:
+def _leases(
+    target: object,
+    names: object,
+    ttl: object,
+    on_lost: AsyncLostCallback | None,
+    heartbeat_target: object,
+    **rest: Any,
+) -> AsyncNames:
+    """:func:`aleases`' block, every argument checked before any I/O."""
     if isinstance(names, str):
         raise InvalidArgument(
             "pylease: names must be a sequence of names, not one str", parameter="names"
         )
-    return tuple(_checks.names(names))
+    all_names = tuple(_checks.names(names))
+    opts = block_options(
+        target, heartbeat_target, all_names[0], ttl, on_lost=on_lost, min_hold=None, **rest
+    )
+    return AsyncNames(target, opts, all_names, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 
-if True:  # ASYNC
+def apermit(
+    target: AsyncTarget,
+    name: str,
+    ttl: Duration,
+    *,
+    max_permits: int,
+    permits: int = 1,
+    holder: str | None = None,
+    wait: Wait = 0,
+    heartbeat: bool = True,
+    on_lost: AsyncLostCallback | None = None,
+    heartbeat_target: AsyncTarget | None = None,
+    poll_interval: Duration | None = None,
+    cancel_on_lost: bool = True,  # ASYNC
+) -> AsyncPermit:
+    """Hold ``permits`` of the semaphore ``name`` (at most ``max_permits`` held at
+    once, by everyone) while the ``async with`` block runs.
 
-    def apermit(
-        target: AsyncTarget,
-        name: str,
-        ttl: Duration,
-        *,
-        max_permits: int,
-        permits: int = 1,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-        cancel_on_lost: bool = True,
-    ) -> AsyncPermit:
-        """Hold ``permits`` of the semaphore ``name`` (at most ``max_permits`` held at
-        once, by everyone) while the ``async with`` block runs.
+    ::
 
-        ::
+        async with apermit(aconn, "export", max_permits=4, ttl=60) as held:
+            held.slots  # slot -> fence
 
-            async with apermit(aconn, "export", max_permits=4, ttl=60) as held:
-                held.slots  # slot -> fence
+    The other arguments are those of :func:`alease`, and a lost permit ends the block
+    as a lost lease does.
 
-        The other arguments are those of :func:`alease`.
+    :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
+    :raises LeaseLost: a slot was lost while the block ran.
+    """
+    return _permit(
+        target,
+        name,
+        ttl,
+        max_permits,
+        permits,
+        on_lost,
+        heartbeat_target,
+        holder=holder,
+        wait=wait,
+        heartbeat=heartbeat,
+        poll_interval=poll_interval,
+        cancel_on_lost=cancel_on_lost,  # ASYNC
+    )
 
-        :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
-        :raises LeaseLost: a slot was lost while the block ran.
-        """
-        opts, limit, count = _permit_options(
-            name,
-            ttl,
-            max_permits,
-            permits,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            on_lost=on_lost,
-            poll_interval=poll_interval,
-        )
-        bool_option("cancel_on_lost", cancel_on_lost)
-        check_target(target, heartbeat_target)
-        return AsyncPermit(
-            target,
-            opts._replace(cancel_on_lost=cancel_on_lost),
-            max_permits=limit,
-            permits=count,
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
-        )
 
-    def aleases(
-        target: AsyncTarget,
-        names: Sequence[str],
-        ttl: Duration,
-        *,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-        cancel_on_lost: bool = True,
-    ) -> AsyncNames:
-        """Hold every lease of ``names`` while the ``async with`` block runs: all of them
-        granted at once, or none; a waiter holds none of them while it waits.
+def aleases(
+    target: AsyncTarget,
+    names: Sequence[str],
+    ttl: Duration,
+    *,
+    holder: str | None = None,
+    wait: Wait = 0,
+    heartbeat: bool = True,
+    on_lost: AsyncLostCallback | None = None,
+    heartbeat_target: AsyncTarget | None = None,
+    poll_interval: Duration | None = None,
+    cancel_on_lost: bool = True,  # ASYNC
+) -> AsyncNames:
+    """Hold every lease of ``names`` while the ``async with`` block runs: all of them
+    granted at once, or none; a waiter holds none of them while it waits.
 
-        ::
+    ::
 
-            async with aleases(aconn, ["acct-17", "acct-42"], ttl=30) as held:
-                held.fences  # name -> fence
+        async with aleases(aconn, ["acct-17", "acct-42"], ttl=30) as held:
+            held.fences  # name -> fence
 
-        The other arguments are those of :func:`alease`.
+    The other arguments are those of :func:`alease`, and a lost name ends the block
+    as a lost lease does.
 
-        :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
-        :raises LeaseLost: one of them was lost while the block ran.
-        """
-        all_names = _names(names)
-        opts = options(
-            all_names[0],
-            ttl,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            on_lost=on_lost,
-            min_hold=None,
-            poll_interval=poll_interval,
-        )
-        bool_option("cancel_on_lost", cancel_on_lost)
-        check_target(target, heartbeat_target)
-        return AsyncNames(
-            target,
-            opts._replace(cancel_on_lost=cancel_on_lost),
-            all_names,
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
-        )
-
-else:
-
-    def apermit(
-        target: AsyncTarget,
-        name: str,
-        ttl: Duration,
-        *,
-        max_permits: int,
-        permits: int = 1,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-    ) -> AsyncPermit:
-        """Hold ``permits`` of the semaphore ``name`` (at most ``max_permits`` held at
-        once, by everyone) while the ``with`` block runs.
-
-        ::
-
-            with permit(conn, "export", max_permits=4, ttl=60) as held:
-                held.slots  # slot -> fence
-
-        The other arguments are those of :func:`lease`; a body that must not outlive
-        its permits calls ``held.check()`` between steps, or passes ``on_lost``.
-
-        :raises LeaseBusy: fewer than ``permits`` slots were free (after ``wait``).
-        :raises LeaseLost: the block returned, but a slot was lost meanwhile.
-        """
-        opts, limit, count = _permit_options(
-            name,
-            ttl,
-            max_permits,
-            permits,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            on_lost=on_lost,
-            poll_interval=poll_interval,
-        )
-        check_target(target, heartbeat_target)
-        return AsyncPermit(
-            target,
-            opts,
-            max_permits=limit,
-            permits=count,
-            on_lost=on_lost,
-            heartbeat_target=heartbeat_target,
-        )
-
-    def aleases(
-        target: AsyncTarget,
-        names: Sequence[str],
-        ttl: Duration,
-        *,
-        holder: str | None = None,
-        wait: Wait = 0,
-        heartbeat: bool = True,
-        on_lost: AsyncLostCallback | None = None,
-        heartbeat_target: AsyncTarget | None = None,
-        poll_interval: Duration | None = None,
-    ) -> AsyncNames:
-        """Hold every lease of ``names`` while the ``with`` block runs: all of them
-        granted at once, or none; a waiter holds none of them while it waits.
-
-        ::
-
-            with leases(conn, ["acct-17", "acct-42"], ttl=30) as held:
-                held.fences  # name -> fence
-
-        The other arguments are those of :func:`lease`.
-
-        :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
-        :raises LeaseLost: the block returned, but one of them was lost meanwhile.
-        """
-        all_names = _names(names)
-        opts = options(
-            all_names[0],
-            ttl,
-            holder=holder,
-            wait=wait,
-            heartbeat=heartbeat,
-            on_lost=on_lost,
-            min_hold=None,
-            poll_interval=poll_interval,
-        )
-        check_target(target, heartbeat_target)
-        return AsyncNames(
-            target, opts, all_names, on_lost=on_lost, heartbeat_target=heartbeat_target
-        )
+    :raises LeaseBusy: one of the names was held by another holder (after ``wait``).
+    :raises LeaseLost: one of them was lost while the block ran.
+    """
+    return _leases(
+        target,
+        names,
+        ttl,
+        on_lost,
+        heartbeat_target,
+        holder=holder,
+        wait=wait,
+        heartbeat=heartbeat,
+        poll_interval=poll_interval,
+        cancel_on_lost=cancel_on_lost,  # ASYNC
+    )

@@ -15,6 +15,8 @@ What changes, in code:
 - ``if True:  # ASYNC`` blocks keep only their ``else:`` body (none without one): the
   deliberate differences, marked where they are;
 - an ``except ...:  # ASYNC`` clause is dropped with its body;
+- a parameter or a keyword argument on a line of its own that ends in ``# ASYNC`` is
+  dropped (an option only the async side has, such as ``cancel_on_lost``);
 - an ``else:  # sync: as is`` body keeps its names (sync code that uses an async name);
 - a comment line ``# sync: <code>`` becomes ``<code>``, names as they are: the sync
   side's import of an async name (``AsyncBackend`` from the async module).
@@ -281,6 +283,24 @@ class _Plan(ast.NodeVisitor):
             if self.lines[number - 1].strip().startswith("else:"):
                 return number
         return None
+
+    def visit_arg(self, node: ast.arg) -> None:
+        self._drop_marked_line(node.lineno, node.arg)
+        self.generic_visit(node)
+
+    def visit_keyword(self, node: ast.keyword) -> None:
+        if node.arg is not None:
+            self._drop_marked_line(node.lineno, node.arg)
+        self.generic_visit(node)
+
+    def _drop_marked_line(self, number: int, name: str) -> None:
+        """A parameter or keyword argument alone on an ``# ASYNC`` line: async only."""
+        line = self.lines[number - 1]
+        if not _has_marker(line):
+            return
+        if not re.match(rf"\s*{re.escape(name)}\b.*,\s*#", line):
+            raise SyntaxError(f"line {number}: an ASYNC argument is alone on its line")
+        self.drop.add(number)
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
         if _has_marker(self.lines[node.lineno - 1]):

@@ -50,6 +50,7 @@ ORDER = (
     "release",
     "steal",
     "status",
+    "permits",
     "history",
     "prune",
     "prune-history",
@@ -173,28 +174,49 @@ class _Command(TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         _coerce_plainly(self.get_params(ctx))
-        if any(param.name == "cmd" for param in self.params):
-            self._check_separator(ctx, args)
         return super().parse_args(ctx, args)
 
-    def _check_separator(self, ctx: Any, args: list[str]) -> None:
-        """NAME before ``--`` and CMD after it: ``run --ttl 1m -- echo hi`` would
-        otherwise claim a lease named ``echo`` and run ``hi``."""
-        cut = args.index("--") if "--" in args else len(args)
+
+#: Where :class:`_NamesThenCommand` leaves the command after ``--``.
+CMD = "pylease.cmd"
+CMD_USAGE = "-- CMD [ARG...]"
+
+
+class _NamesThenCommand(_Command):
+    """``NAME [NAME...] -- CMD [ARG...]``: the names before ``--``, the command after it.
+
+    Only ``--`` tells names from the command (``run a b c`` could be the names a, b and
+    c, or a running ``b c``), so it is required; the command is in ``ctx.meta[CMD]``.
+    """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        cmd: list[str] = []
+        dashes = "--" in args
+        if dashes:
+            at = args.index("--")
+            args, cmd = args[:at], args[at + 1 :]
+        several = any(p.name == "names" for p in self.params)
+        usage = f"{ctx.command_path} NAME{' [NAME...]' if several else ''} [OPTIONS] {CMD_USAGE}"
+        where = f"the command goes after --, the name{'s' if several else ''} before it ({usage})"
         try:
-            before, _, _ = self.make_parser(ctx).parse_args(args=list(args[:cut]))
-        except _UsageError:
-            return  # an unknown option: the full parse below says which
-        if before.get("help"):
-            return
-        usage = f"{ctx.command_path} NAME [OPTIONS] -- CMD [ARG...]"
-        if before.get("cmd"):
-            words = " ".join(before["cmd"])
-            if cut < len(args):
-                raise _UsageError(f"CMD ({words}) goes after '--': {usage}", ctx)
-            raise _UsageError(f"'--' goes before CMD ({words}): {usage}", ctx)
-        if cut < len(args) and not before.get("name"):
-            raise _UsageError(f"NAME goes before '--': {usage}", ctx)
+            rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
+        except _UsageError as error:
+            if dashes and type(error).__name__ == "MissingParameter":
+                # `run --ttl 1m -- echo hi` must not claim `echo` and run `hi`.
+                raise _UsageError(f"NAME goes before '--': {usage}", ctx) from None
+            if dashes or type(error).__name__ not in ("NoSuchOption", "UsageError"):
+                raise
+            # Without --, an option of the command reads as one of ours (`ls -l`), and
+            # its words as more arguments than ours.
+            said = str(error.format_message())  # type: ignore[attr-defined]
+            raise _UsageError(f"{said}; {where}", ctx) from None
+        if not cmd and not ctx.resilient_parsing:  # (shell completion parses resiliently)
+            raise _UsageError(f"Missing argument '{CMD_USAGE}': {where}", ctx)
+        ctx.meta[CMD] = cmd
+        return rest
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), CMD_USAGE]
 
 
 class _Group(TyperGroup):
@@ -234,8 +256,18 @@ app = typer.Typer(
 )
 
 
-def command(**kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return app.command(cls=_Command, **kwargs)
+def command(
+    *, names_then_command: bool = False, **kwargs: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command of the app; with ``names_then_command``, one that takes
+    ``NAME [NAME...] -- CMD [ARG...]`` (the command: :func:`command_of`)."""
+    return app.command(cls=_NamesThenCommand if names_then_command else _Command, **kwargs)
+
+
+def command_of(ctx: typer.Context) -> list[str]:
+    """The command after ``--`` of a ``names_then_command`` command."""
+    cmd: list[str] = ctx.meta[CMD]
+    return cmd
 
 
 def _version(value: bool) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +15,7 @@ from pylease._operations import LeaseRow
 from pylease.cli import _render
 from pylease.cli._app import command
 from pylease.cli._database import (
+    Store,
     connect,
     find_store,
     server_clock,
@@ -23,10 +25,13 @@ from pylease.cli._database import (
 )
 from pylease.cli._edge import EXIT_NO, at_edge, fail, key, say
 from pylease.cli._options import (
+    ClaimMaxPermitsOption,
     DsnOption,
     HolderOption,
     JsonOption,
+    KeptMaxPermitsOption,
     NameArg,
+    PermitsOption,
     RequireDsnOption,
     SchemaOption,
     TtlOption,
@@ -35,10 +40,15 @@ from pylease.cli._options import (
     duration,
     lease_options,
 )
+from pylease.cli._permits import busy_line as permits_busy_line
+from pylease.cli._permits import permits_wanted
 from pylease.cli._render import Busy
 from pylease.errors import (
     LeaseBusy,
 )
+
+if TYPE_CHECKING:
+    from pylease._held import Options
 
 
 @command()
@@ -92,6 +102,8 @@ def claim(
         ),
     ] = None,
     wait: WaitOption = timedelta(0),
+    max_permits: ClaimMaxPermitsOption = None,
+    permits: PermitsOption = None,
     as_json: JsonOption = False,
     quiet: Annotated[
         bool,
@@ -104,51 +116,107 @@ def claim(
 ) -> None:
     """Claim a lease and print HOLDER<tab>FENCE; exit 1 if another holder has it.
 
+    With --max-permits N, NAME is a semaphore: claim one of its N permits (--permits K:
+    K of them) and print HOLDER and each slot's fence, tab-separated, in slot order.
+
     Example: read -r holder fence < <(pylease claim sweep --ttl 5m)
     """
-    from pylease._links import link
-    from pylease._waiting import acquire
-
     with at_edge(verbose) as edge:
         key("name", name)
+        count = permits_wanted([name], max_permits, permits)
         holder = key("holder", holder) if holder is not None else default_holder()
         edge.store = store = find_store(dsn, schema, require_dsn)
         opts = lease_options(name, ttl, holder, wait)
-        fence: int | None = None
-        mine: LeaseRow | None = None
-        link_ = link(store.url)
-        try:
-            with _render.spinner(name, quiet or as_json) as show:
-                busy = Busy(show)
-                try:
-                    fence, _sent = acquire(link_, opts, holder, want_holder=True, on_busy=busy)
-                except LeaseBusy:
-                    fence = None
-            if fence is not None:
-                rows = link_.run(lambda b: b.status(name), name=name)
-                mine = next(iter(rows), None)
-        finally:
-            link_.close()
-        standing = mine or busy.row
-        if as_json:
-            typer.echo(
-                json.dumps(
-                    {
-                        "name": name,
-                        "claimed": fence is not None,
-                        "holder": holder,
-                        "fence": fence,
-                        "expires_at": _render.iso(mine.expires_at) if mine else None,
-                        "held_by": standing.holder if standing else None,
-                    }
-                )
+        if count is not None:
+            assert max_permits is not None
+            _claim_permits(store, opts, max_permits, count, as_json=as_json, quiet=quiet)
+            return
+        _claim_lease(store, opts, as_json=as_json, quiet=quiet)
+
+
+def _claim_lease(store: Store, opts: Options, *, as_json: bool, quiet: bool) -> None:
+    from pylease._links import link
+    from pylease._waiting import acquire
+
+    name, holder = opts.name, opts.holder
+    assert holder is not None
+    fence: int | None = None
+    mine: LeaseRow | None = None
+    link_ = link(store.url)
+    try:
+        with _render.spinner(name, quiet or as_json) as show:
+            busy = Busy(show)
+            try:
+                fence, _sent = acquire(link_, opts, holder, want_holder=True, on_busy=busy)
+            except LeaseBusy:
+                fence = None
+        if fence is not None:
+            rows = link_.run(lambda b: b.status(name), name=name)
+            mine = next(iter(rows), None)
+    finally:
+        link_.close()
+    standing = mine or busy.row
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "name": name,
+                    "claimed": fence is not None,
+                    "holder": holder,
+                    "fence": fence,
+                    "expires_at": _render.iso(mine.expires_at) if mine else None,
+                    "held_by": standing.holder if standing else None,
+                }
             )
-        if fence is None:
-            if not as_json and not quiet:
-                say(_render.busy_line(name, busy.row, server_clock(store), where(store), holder))
-            raise typer.Exit(EXIT_NO)
-        if not as_json:
-            typer.echo(f"{holder}\t{fence}")
+        )
+    if fence is None:
+        if not as_json and not quiet:
+            say(_render.busy_line(name, busy.row, server_clock(store), where(store), holder))
+        raise typer.Exit(EXIT_NO)
+    if not as_json:
+        typer.echo(f"{holder}\t{fence}")
+
+
+def _claim_permits(
+    store: Store, opts: Options, max_permits: int, count: int, *, as_json: bool, quiet: bool
+) -> None:
+    """``claim --max-permits``: the slots granted, or the semaphore's busy line."""
+    from pylease._links import link
+    from pylease._waiting import PermitClaim, acquire_with
+
+    name, holder = opts.name, opts.holder
+    assert holder is not None
+    slots: dict[int, int] = {}
+    link_ = link(store.url)
+    try:
+        with _render.spinner(name, quiet or as_json) as show:
+            attempt = PermitClaim(name, max_permits, opts.ttl, holder, count)
+            with contextlib.suppress(LeaseBusy):
+                slots, _sent = acquire_with(link_, attempt, opts, on_busy=Busy(show))
+        rows = link_.run(lambda b: b.permit_status(name), name=name)
+    finally:
+        link_.close()
+    if as_json:
+        mine = [r for r in rows if r.slot in slots and r.holder == holder]
+        typer.echo(
+            json.dumps(
+                {
+                    "name": name,
+                    "claimed": bool(slots),
+                    "holder": holder,
+                    "fence": next(iter(slots.values()), None),
+                    "slots": {str(slot): fence for slot, fence in sorted(slots.items())},
+                    "max_permits": max_permits,
+                    "expires_at": _render.iso(min(r.expires_at for r in mine)) if mine else None,
+                }
+            )
+        )
+    if not slots:
+        if not as_json and not quiet:
+            say(permits_busy_line(name, rows, server_clock(store), where(store), count))
+        raise typer.Exit(EXIT_NO)
+    if not as_json:
+        typer.echo("\t".join([holder, *(str(fence) for _, fence in sorted(slots.items()))]))
 
 
 @command()
@@ -165,12 +233,16 @@ def renew(
             show_default=False,
         ),
     ] = None,
+    max_permits: KeptMaxPermitsOption = None,
     dsn: DsnOption = None,
     require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Extend a lease this holder still holds; exit 1 if it was released or taken.
+
+    With --max-permits, NAME is a semaphore: every permit the holder holds is extended,
+    or none (exit 1 once any was lost).
 
     Example: pylease renew sweep --holder "$holder" --ttl 5m
     """
@@ -179,9 +251,14 @@ def renew(
         key("holder", holder)
         edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease renew") as (backend, _conn):
-            renewed = backend.renew(name, holder, ttl)
+            if max_permits is None:
+                renewed = backend.renew(name, holder, ttl)
+            else:
+                renewed = backend.permit_renew(name, holder, ttl)
         if not renewed:
-            raise fail(f"lease {name!r} is not held by {holder} any more", EXIT_NO)
+            if max_permits is None:
+                raise fail(f"lease {name!r} is not held by {holder} any more", EXIT_NO)
+            raise fail(f"semaphore {name!r}: {holder} holds none of its permits any more", EXIT_NO)
 
 
 @command()
@@ -198,6 +275,7 @@ def release(
             show_default=False,
         ),
     ] = None,
+    max_permits: KeptMaxPermitsOption = None,
     dsn: DsnOption = None,
     require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
@@ -205,16 +283,25 @@ def release(
 ) -> None:
     """Give a lease back (only this holder's); exit 1 if it was not held by this holder.
 
+    With --max-permits, NAME is a semaphore: every permit the holder holds is given
+    back (exit 1 if any was no longer its own).
+
     Example: pylease release sweep --holder "$holder"
     """
     with at_edge(verbose) as edge:
         key("name", name)
         key("holder", holder)
+        permits_wanted([name], max_permits, None, min_hold)
         edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease release") as (backend, _conn):
-            released = backend.release(name, holder, min_hold)
+            if max_permits is None:
+                released = backend.release(name, holder, min_hold)
+            else:
+                released = backend.permit_release(name, holder)
         if not released:
-            raise fail(f"lease {name!r} was not held by {holder}", EXIT_NO)
+            if max_permits is None:
+                raise fail(f"lease {name!r} was not held by {holder}", EXIT_NO)
+            raise fail(f"semaphore {name!r}: {holder} did not hold its permits", EXIT_NO)
 
 
 @command()

@@ -18,12 +18,11 @@ import typer
 
 from pylease import durations
 from pylease._claims import default_holder
-from pylease.cli._app import command
+from pylease.cli._app import command, command_of
 from pylease.cli._database import find_store
 from pylease.cli._edge import at_edge, key
 from pylease.cli._options import (
     KILL_AFTER,
-    CmdArg,
     DsnOption,
     KillAfterOption,
     OwnHolderOption,
@@ -50,12 +49,12 @@ EPILOG = (
 )
 
 
-@command(name="leader", epilog=EPILOG)
+@command(name="leader", names_then_command=True, epilog=EPILOG)
 def leader(
+    ctx: typer.Context,
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="The election's name.", show_default=False)
     ],
-    cmd: CmdArg,
     ttl: Annotated[
         timedelta,
         typer.Option(
@@ -106,6 +105,7 @@ def leader(
             self.busy(row)
 
     with at_edge(verbose) as edge:
+        cmd = command_of(ctx)
         key("name", name)
         holder = key("holder", holder) if holder is not None else default_holder()
         edge.store = store = find_store(dsn, schema, require_dsn)

@@ -1,11 +1,13 @@
 """``pylease metrics``: the leases as Prometheus metrics, through ``prometheus-client``.
 
-Read only through the lease functions (``lease_status``, ``lease_counters``), so a
-role that may only EXECUTE them can run it. Every series is labelled ``name``: one
-series per lease name and metric, so names made per tenant or per job multiply
-them. A scrape is bounded: at most ``--max-names`` names (the first in name order),
-after ``--prefix`` (filtered by the database) and ``--names`` (shell-style patterns,
-filtered here); ``pylease_names_omitted`` says how many matching names were left out.
+Read only through the lease functions (``lease_status``, ``lease_counters``,
+``permit_status``), so a role that may only EXECUTE them can run it. Every series is
+labelled ``name``: one series per lease name and metric, so names made per tenant or
+per job multiply them. A scrape is bounded: at most ``--max-names`` names (the first in
+name order), after ``--prefix`` (filtered by the database) and ``--names`` (shell-style
+patterns, filtered here); ``pylease_names_omitted`` says how many matching names were
+left out. Semaphores are cut the same way, apart from leases: ``--max-names`` of each
+at most.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,9 +26,24 @@ from prometheus_client.registry import Collector
 
 from pylease._operations import PageRow
 
+
+@dataclass(frozen=True)
+class SemaphoreRow:
+    """A semaphore's series: its permits in use, its limit, and its counters (the sums
+    over its slots, as ``lease_counters`` gives them)."""
+
+    name: str
+    max_permits: int
+    in_use: int
+    grants: int
+    takeovers: int
+    steals: int
+    releases: int
+
+
 # (the rows to report, how many matching names were left out, the database's clock);
 # raises when the database cannot answer.
-Reader = Callable[[], tuple[list[PageRow], int, datetime]]
+Reader = Callable[[], tuple[list[PageRow | SemaphoreRow], int, datetime]]
 OnError = Callable[[Exception], None]
 
 GAUGES = (
@@ -39,6 +57,10 @@ GAUGES = (
         "pylease_lease_held_for_seconds",
         "Seconds since the current holder was granted the lease (0 when not held).",
     ),
+)
+PERMITS = (
+    ("pylease_permits_in_use", "Permits of the semaphore held now (unexpired, not released)."),
+    ("pylease_permits_max", "The semaphore's limit: at most this many permits held at once."),
 )
 COUNTERS = (
     ("pylease_grants", "New tenures: claims, takeovers and steals alike."),
@@ -74,6 +96,27 @@ def select(rows: list[PageRow], names: Sequence[str], max_names: int) -> tuple[l
     return rows[:max_names], matching - min(len(rows), max_names)
 
 
+def semaphore_rows(
+    backend: Any, prefix: str, names: Sequence[str], max_names: int
+) -> tuple[list[SemaphoreRow], int]:
+    """The semaphores to report (at most ``max_names``, the first by name), and how
+    many matching ones are left out of them."""
+    from pylease.cli._permits import semaphores
+
+    keep = wanted(names)
+    found = [
+        s for s in semaphores(backend.permit_status()) if s.name.startswith(prefix) and keep(s.name)
+    ]
+    kept = found[:max_names]
+    counters = {c.name: c for c in backend.counters()} if kept else {}
+    rows = []
+    for sem in kept:
+        c = counters.get(sem.name)
+        events = (c.grants, c.takeovers, c.steals, c.releases) if c else (0, 0, 0, 0)
+        rows.append(SemaphoreRow(sem.name, sem.max_permits, len(sem.held), *events))
+    return rows, len(found) - len(kept)
+
+
 class LeaseCollector(Collector):
     """Reads the leases at every scrape; ``pylease_up`` says whether that worked."""
 
@@ -100,8 +143,19 @@ class LeaseCollector(Collector):
         )
         left_out.add_metric([], omitted)
         yield left_out
-        yield from self._gauges(rows, now)
+        leases = [row for row in rows if isinstance(row, PageRow)]
+        yield from self._gauges(leases, now)
+        yield from self._permits([row for row in rows if isinstance(row, SemaphoreRow)])
         yield from self._counters(rows)
+
+    @staticmethod
+    def _permits(rows: Iterable[SemaphoreRow]) -> Iterator[Metric]:
+        in_use, limit = (GaugeMetricFamily(key, doc, labels=["name"]) for key, doc in PERMITS)
+        for row in rows:
+            in_use.add_metric([row.name], row.in_use)
+            limit.add_metric([row.name], row.max_permits)
+        yield in_use
+        yield limit
 
     @staticmethod
     def _gauges(rows: Iterable[PageRow], now: datetime) -> Iterator[Metric]:
@@ -121,7 +175,7 @@ class LeaseCollector(Collector):
         yield from families.values()
 
     @staticmethod
-    def _counters(rows: Iterable[PageRow]) -> Iterator[Metric]:
+    def _counters(rows: Iterable[PageRow | SemaphoreRow]) -> Iterator[Metric]:
         families = {key: CounterMetricFamily(key, doc, labels=["name"]) for key, doc in COUNTERS}
         for row in rows:
             families["pylease_grants"].add_metric([row.name], row.grants)

@@ -111,6 +111,44 @@ PrefixOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
+# Permits of a semaphore (contract 5.1): the option that says a name is one.
+MAX_PERMITS = 10000
+
+
+def max_permits_option(help: str) -> Any:
+    return typer.Option(
+        "--max-permits",
+        metavar="N",
+        min=1,
+        max=MAX_PERMITS,
+        help=help,
+        show_default=False,
+    )
+
+
+ClaimMaxPermitsOption = Annotated[
+    int | None,
+    max_permits_option(
+        "NAME is a semaphore: hold one of its N permits (at most N held at once, by "
+        "everyone; 1 to 10000), as `consul lock -n`."
+    ),
+]
+KeptMaxPermitsOption = Annotated[
+    int | None,
+    max_permits_option("NAME is a semaphore of N permits: its holder's permits, all of them."),
+]
+PermitsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--permits",
+        metavar="K",
+        min=1,
+        max=MAX_PERMITS,
+        help="With --max-permits: hold K permits, granted together or not at all.  [default: 1]",
+        show_default=False,
+    ),
+]
+
 # What `run` and `leader` share: both run a command under a lease they claim.
 CmdArg = Annotated[
     list[str],

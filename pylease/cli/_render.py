@@ -17,12 +17,12 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import typer
 
 from pylease import durations
-from pylease._operations import LeaseRow
+from pylease._operations import LeaseRow, PermitRow
 
 PREFIX = "pylease: "
 ELLIPSIS = "…"
@@ -78,6 +78,7 @@ def row_json(row: LeaseRow) -> dict[str, Any]:
         # Added after the first release: at the end, as lease_status's own columns.
         "state": row.state,
         "ttl": row.ttl.total_seconds(),
+        "kind": "lease",  # beside semaphores (pylease.cli._permits.semaphore_json)
     }
 
 
@@ -134,9 +135,22 @@ class Cells:
 HEADER = Cells("NAME", "STATE", "HOLDER", "FENCE", "AGE", "EXPIRES")
 
 
-def cells(row: LeaseRow, now: datetime) -> Cells:
+class Shown(Protocol):
+    """A line of the status table that is not one row of the SQL (a semaphore)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def cells(self, now: datetime) -> Cells: ...
+
+
+def cells(row: LeaseRow | PermitRow | Shown, now: datetime) -> Cells:
     """AGE is how long the state has lasted: held for, or free since; EXPIRES is when
-    a held lease runs out, or when a resting one becomes claimable."""
+    a held lease runs out, or when a resting one becomes claimable. A semaphore's slot
+    is named by its number."""
+    if not isinstance(row, LeaseRow | PermitRow):
+        return row.cells(now)
+    label = str(row.slot) if isinstance(row, PermitRow) else row.name
     state = row.state
     expires = aware(row.expires_at) - now
     if state == "held":
@@ -148,7 +162,7 @@ def cells(row: LeaseRow, now: datetime) -> Cells:
     else:
         age = durations.spell(now - aware(row.expires_at)) if expires <= timedelta(0) else "-"
         until = "-"
-    return Cells(printable(row.name), state, printable(row.holder), str(row.fence), age, until)
+    return Cells(printable(label), state, printable(row.holder), str(row.fence), age, until)
 
 
 def shorten(text: str, width: int) -> str:
@@ -170,7 +184,12 @@ def fold(text: str, width: int) -> list[str]:
     return [text[i : i + width] for i in range(0, len(text), width)]
 
 
-def table(rows: Sequence[LeaseRow], now: datetime, width: int | None) -> list[str]:
+def table(
+    rows: Sequence[LeaseRow | PermitRow | Shown],
+    now: datetime,
+    width: int | None,
+    header: Cells = HEADER,
+) -> list[str]:
     """The lines of ``pylease status``; within ``width`` columns unless None (``--wide``).
 
     The narrow columns keep their size; NAME and HOLDER share the rest. Holders are
@@ -178,7 +197,7 @@ def table(rows: Sequence[LeaseRow], now: datetime, width: int | None) -> list[st
     is what an operator types next.
     """
     body = [cells(row, now) for row in rows]
-    every = [HEADER, *body]
+    every = [header, *body]
 
     def widest(get: Callable[[Cells], str]) -> int:
         return max(len(get(c)) for c in every)

@@ -16,19 +16,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pylease import _checks
 from pylease import dsn as dsn_mod
 from pylease._claims import default_holder
 from pylease.cli import _child, _render
-from pylease.cli._app import command, stderr_log
+from pylease.cli._app import command, command_of, stderr_log
 from pylease.cli._database import Store, connect, find_store, server_clock, server_now, where
-from pylease.cli._edge import at_edge, key, say
+from pylease.cli._edge import EXIT_USAGE, at_edge, fail, key, say
 from pylease.cli._options import (
     KILL_AFTER,
-    CmdArg,
+    ClaimMaxPermitsOption,
     DsnOption,
     KillAfterOption,
-    NameArg,
     OwnHolderOption,
+    PermitsOption,
     QuietOption,
     RequireDsnOption,
     SchemaOption,
@@ -38,6 +39,8 @@ from pylease.cli._options import (
     duration,
     lease_options,
 )
+from pylease.cli._permits import busy_line as permits_busy_line
+from pylease.cli._permits import permits_wanted, slot_taken_line
 from pylease.cli._render import Busy
 from pylease.errors import LeaseBusy, PyleaseError
 
@@ -52,16 +55,26 @@ Enter = Callable[[Callable[["LeaseLost"], None], Busy], "tuple[Lease, Held]"]
 
 
 @command(
+    names_then_command=True,
     epilog="Exit codes: the command's own; 128+N when signal N killed it; 127 command not "
     "found; 126 not executable; 75 the lease was lost while it ran; --busy-exit (default 1) "
     "when the lease stayed busy; 2 usage; 3 database or configuration error.",
 )
 def run(
-    name: NameArg,
-    cmd: CmdArg,
+    ctx: typer.Context,
+    names: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="NAME [NAME...]",
+            help="The lease's name; several: all of them, granted at once or not at all.",
+            show_default=False,
+        ),
+    ],
     ttl: TtlOption,
     wait: WaitOption = timedelta(0),
     holder: OwnHolderOption = None,
+    max_permits: ClaimMaxPermitsOption = None,
+    permits: PermitsOption = None,
     busy_exit: Annotated[
         int,
         typer.Option(
@@ -97,25 +110,70 @@ def run(
     after --kill-after or at the lease's local expiry, whichever comes first, and pylease
     exits 75.
 
-    Example: pylease run nightly-report --ttl 10m --busy-exit 0 -- ./report.sh --full
+    Several NAMEs are claimed all at once or not at all, and waited for holding none of
+    them; CMD also sees PYLEASE_FENCES (name=fence pairs, separated by spaces), and
+    PYLEASE_NAME and PYLEASE_FENCE are the first NAME's. With --max-permits N, NAME is a
+    semaphore: CMD runs while it holds one of its N permits (--permits K: K of them),
+    and also sees PYLEASE_SLOTS (slot=fence pairs); PYLEASE_FENCE is its first slot's.
+
+    Examples: pylease run nightly-report --ttl 10m --busy-exit 0 -- ./report.sh --full
+    pylease run export --max-permits 4 --ttl 1m --wait 10m -- ./export.sh
+    pylease run acct-17 acct-42 --ttl 30s -- ./transfer.sh 17 42
     """
     from pylease.leasing import Lease
+    from pylease.permits import leases, permit
 
     with at_edge(verbose) as edge:
-        key("name", name)
+        cmd = command_of(ctx)
+        names = [key("name", name) for name in names]
+        if len(names) > 1:
+            _checks.names(names)  # a name given twice is a usage error, before any I/O
+        count = permits_wanted(names, max_permits, permits, min_hold)
+        if len(names) > 1 and min_hold is not None:
+            raise fail("--min-hold is for one lease, not for several names", EXIT_USAGE)
         holder = key("holder", holder) if holder is not None else default_holder()
         edge.store = store = find_store(dsn, schema, require_dsn)
-        opts = lease_options(name, ttl, holder, wait, min_hold)
+        opts = lease_options(names[0], ttl, holder, wait, min_hold)
 
         def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
             # One claim per attempt, by the library's own wait loop, on the lease that
             # then stays held: no claim of our own first.
-            holding = Lease(store.url, opts, on_lost=on_lost, heartbeat_target=None)
+            holding: Lease
+            if count is not None:
+                assert max_permits is not None
+                holding = permit(
+                    store.url, names[0], ttl, max_permits=max_permits, permits=count,
+                    holder=holder, wait=opts.wait, on_lost=on_lost,
+                )  # fmt: skip
+            elif len(names) > 1:
+                holding = leases(
+                    store.url, names, ttl, holder=holder, wait=opts.wait, on_lost=on_lost
+                )
+            else:
+                holding = Lease(store.url, opts, on_lost=on_lost, heartbeat_target=None)
             holding.on_busy = busy
             return holding, holding.__enter__()
 
+        def busy_says(busy: Busy) -> str:
+            if count is not None:
+                with connect(store, "pylease run") as (backend, conn):
+                    rows = backend.permit_status(names[0])
+                    now = server_now(store, conn)
+                return permits_busy_line(names[0], rows, now, where(store), count)
+            row = busy.row
+            name = row.name if row is not None else names[0]
+            return _render.busy_line(name, row, server_clock(store), where(store), holder)
+
         code = hold_and_run(
-            name, cmd, holder, store, enter, busy_exit=busy_exit, kill_after=kill_after, quiet=quiet
+            names[0],
+            cmd,
+            holder,
+            store,
+            enter,
+            busy_exit=busy_exit,
+            kill_after=kill_after,
+            quiet=quiet,
+            busy_says=busy_says,
         )
     raise typer.Exit(code)
 
@@ -130,8 +188,12 @@ def hold_and_run(
     busy_exit: int,
     kill_after: timedelta,
     quiet: bool,
+    busy_says: Callable[[Busy], str] | None = None,
 ) -> int:
     """Get the lease by ``enter``, run ``cmd`` under it, release it: the exit code.
+
+    ``busy_says(busy)`` is the line that tells why the lease stayed busy (default: who
+    holds the lease ``name``).
 
     :raises typer.Exit: busy (``busy_exit``), or a signal before the command ran.
     """
@@ -155,22 +217,14 @@ def hold_and_run(
                     holding, held = enter(on_lost, busy)
                 except LeaseBusy:
                     if not quiet:
-                        say(
-                            _render.busy_line(
-                                name, busy.row, server_clock(store), where(store), holder
-                            )
-                        )
+                        if busy_says is not None:
+                            say(busy_says(busy))
+                        else:
+                            now = server_clock(store)
+                            say(_render.busy_line(name, busy.row, now, where(store), holder))
                     raise typer.Exit(busy_exit) from None
-            fence = held.fence
             env = dict(os.environ)
-            env.update(
-                PYLEASE_NAME=name,
-                PYLEASE_HOLDER=holder,
-                PYLEASE_FENCE=str(fence),
-                PYLEASE_DSN=store.url,
-            )
-            if store.schema:
-                env[dsn_mod.SCHEMA_VAR] = store.schema
+            env.update(_environment(held, store))
             outcome = _child.supervise(
                 cmd,
                 env,
@@ -189,7 +243,7 @@ def hold_and_run(
     code = _child.LOST if outcome.lost else outcome.code
     if outcome.lost and not stderr_log.failing(name):
         # The command is stopped already: now there is time to ask who has the lease.
-        taken = _taken_by(store, name, holder, fence)
+        taken = _taken_by(store, held)
         if taken:
             say(taken)
     try:
@@ -203,16 +257,44 @@ def hold_and_run(
     return code
 
 
-def _taken_by(store: Store, name: str, holder: str, fence: int) -> str | None:
-    """Who holds the lease we lost, and how they got it; None if that cannot be told."""
+def _environment(held: Held, store: Store) -> dict[str, str]:
+    """What CMD is told of what it runs under (several names: the first one's name and
+    fence, and every fence; permits: the first slot's fence, and every slot's)."""
+    from pylease._held import NamesHeld, PermitsHeld
+
+    env = {
+        "PYLEASE_NAME": held.name,
+        "PYLEASE_HOLDER": held.holder,
+        "PYLEASE_FENCE": str(held.fence),
+        "PYLEASE_DSN": store.url,
+    }
+    if isinstance(held, NamesHeld):
+        env["PYLEASE_FENCES"] = " ".join(f"{n}={f}" for n, f in held.fences.items())
+    if isinstance(held, PermitsHeld):
+        env["PYLEASE_SLOTS"] = " ".join(f"{s}={f}" for s, f in held.slots.items())
+    if store.schema:
+        env[dsn_mod.SCHEMA_VAR] = store.schema
+    return env
+
+
+def _taken_by(store: Store, held: Held) -> str | None:
+    """Who holds what we lost, and how they got it; None if that cannot be told."""
+    from pylease._held import NamesHeld, PermitsHeld
+
     try:
         with connect(store, "pylease run", connect_timeout=3) as (backend, conn):
-            row = next(iter(backend.status(name)), None)
-            if row is None or (row.holder == holder and row.fence == fence) or not row.held:
-                return None
-            events = backend.history(name, None, 1)
-            return _render.taken_line(
-                name, row, events[0] if events else None, server_now(store, conn)
-            )
+            now = server_now(store, conn)
+            if isinstance(held, PermitsHeld):
+                rows = {r.slot: r for r in backend.permit_status(held.name)}
+                return slot_taken_line(held.name, held.holder, held.slots, rows)
+            fences = held.fences if isinstance(held, NamesHeld) else {held.name: held.fence}
+            for name, fence in fences.items():
+                row = next(iter(backend.status(name)), None)
+                if row is None or (row.holder == held.holder and row.fence == fence):
+                    continue
+                if row.held:
+                    events = backend.history(name, None, 1)
+                    return _render.taken_line(name, row, events[0] if events else None, now)
+            return None
     except Exception:
         return None  # the loss was said already; this is only its detail

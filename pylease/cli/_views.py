@@ -24,6 +24,7 @@ from pylease.cli._options import (
     duration,
     width,
 )
+from pylease.cli._permits import Semaphore, semaphore_json, semaphores
 
 
 @command()
@@ -50,8 +51,9 @@ def status(
     """Show every lease (or one): state, holder, fence, how long, and when it expires.
 
     STATE is held, resting (released with a min-hold that has not run out), released or
-    expired (its holder died or stalled). AGE: held for, or free since. Fits the
-    terminal: holders are shortened in the middle, names never (--wide: whole).
+    expired (its holder died or stalled); a semaphore's is how many of its permits are
+    held (3/4 held; `pylease permits NAME` lists them). AGE: held for, or free since.
+    Fits the terminal: holders are shortened in the middle, names never (--wide: whole).
 
     Example: pylease status --json | jq '.[] | select(.state == "held")'
     """
@@ -72,24 +74,32 @@ def status(
             rows = _rows(backend, name, prefix)
             now = server_now(store, conn)
         if as_json:
-            typer.echo(json.dumps([_render.row_json(r) for r in rows]))
+            typer.echo(json.dumps([_json(r) for r in rows]))
             return
         typer.echo("\n".join(_status_lines(store, name, prefix, rows, now, wide)))
 
 
-def _rows(backend: Any, name: str | None, prefix: str | None) -> list[LeaseRow]:
-    """One lease, the leases whose name starts with ``prefix``, or all of them."""
+def _rows(backend: Any, name: str | None, prefix: str | None) -> list[LeaseRow | Semaphore]:
+    """One name, the names that start with ``prefix``, or all of them: leases and
+    semaphores, in name order."""
+    leases: list[LeaseRow] = list(backend.status_page(prefix)) if prefix else backend.status(name)
+    if name is not None and leases:
+        return list(leases)  # a name has one kind
+    found = semaphores(backend.permit_status(name))
     if prefix:
-        return list(backend.status_page(prefix))
-    rows: list[LeaseRow] = backend.status(name)
-    return rows
+        found = [s for s in found if s.name.startswith(prefix)]
+    return sorted([*leases, *found], key=lambda r: r.name)
+
+
+def _json(row: LeaseRow | Semaphore) -> dict[str, Any]:
+    return _render.row_json(row) if isinstance(row, LeaseRow) else semaphore_json(row)
 
 
 def _status_lines(
     store: Store,
     name: str | None,
     prefix: str | None,
-    rows: list[LeaseRow],
+    rows: list[LeaseRow | Semaphore],
     now: datetime,
     wide: bool,
 ) -> list[str]:
@@ -323,7 +333,8 @@ def metrics(
     verbose: VerboseOption = False,
 ) -> None:
     """Leases as Prometheus metrics: held, seconds to expiry, fence, held for, and the
-    grants, takeovers, steals and releases counters, each labelled with the lease name.
+    grants, takeovers, steals and releases counters, each labelled with the lease name;
+    for a semaphore, the permits in use and its limit, and the same counters.
 
     Example: pylease metrics --listen 127.0.0.1:9464 --prefix report-
     """
@@ -342,13 +353,16 @@ def metrics(
                 EXIT_CONFIG,
             ) from None
 
-        def read() -> tuple[list[PageRow], int, datetime]:
+        def read() -> tuple[list[PageRow | _metrics.SemaphoreRow], int, datetime]:
             with connect(store, "pylease metrics") as (backend, conn):
                 # With patterns, every name of the prefix: they filter before the cut.
                 rows = backend.status_page(prefix or "", None if names else max_names)
+                sems, sems_omitted = _metrics.semaphore_rows(
+                    backend, prefix or "", names or (), max_names
+                )
                 now = server_now(store, conn)
             kept, omitted = _metrics.select(rows, names or (), max_names)
-            return kept, omitted, now
+            return [*kept, *sems], omitted + sems_omitted, now
 
         if once:
             read()  # an error here is this command's own: loud, exit 3

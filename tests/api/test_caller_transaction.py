@@ -2,9 +2,9 @@
 and leases dropped without leaving their block (item 15), on a real PostgreSQL and SQLite.
 
 The lease must stay held, and renewed, until the caller's transaction has ended, so that
-the next holder reads what the block wrote; a SQLite connection inside a transaction and
-an in-memory SQLite database are refused. Django's and SQLAlchemy's transactions are in
-tests/integrations/.
+the next holder reads what the block wrote (permits and several names as well); a SQLite
+connection inside a transaction and an in-memory SQLite database are refused. Django's
+and SQLAlchemy's transactions are in tests/integrations/.
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ from pylease import (
     InvalidArgument,
     LeaseLost,
     alease,
+    apermit,
     arun_exclusive,
     lease,
+    leases,
+    permit,
     run_exclusive,
 )
 from pylease.sqlite import SqliteBackend
@@ -170,6 +173,78 @@ def test_a_later_block_in_the_same_transaction_continues_the_tenure(dsn: str, co
             c.execute("SELECT 1")
             assert run_exclusive(c, "job", TTL, lambda: "ran").ran
             c.commit()
+
+
+# Permits and several names: the same deferral, by the tenure's kind ----------------------
+
+
+def permit_holders(conn: Conn, name: str) -> list[str]:
+    rows = conn.execute("SELECT holder FROM permit_status(%s) WHERE held", (name,)).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def name_holders(conn: Conn, *names: str) -> dict[str, str]:
+    return {n: row["holder"] for n in names if (row := status(conn, n)) and row["held"]}
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_permits_and_several_names_are_held_until_the_callers_transaction_ends(
+    dsn: str, conn: Conn, end: str
+) -> None:
+    with psycopg.connect(dsn) as c:
+        c.execute("SELECT 1")  # a transaction open before the blocks
+        with permit(c, "exports", ttl=1, max_permits=1) as slot:
+            c.execute("SELECT 2")
+        with leases(c, ["acct-42", "acct-17"], ttl=1) as names:
+            c.execute("SELECT 3")
+        assert slot.lost and names.lost  # their blocks ended: nothing to believe any more
+        time.sleep(2.5)  # past two ttls: only renewals keep them
+        assert permit_holders(conn, "exports") == [slot.holder]
+        assert name_holders(conn, "acct-42", "acct-17") == {
+            "acct-42": names.holder,
+            "acct-17": names.holder,
+        }
+        assert (
+            conn.execute("SELECT * FROM permit_claim('exports', 1, '1 min', 'x')").fetchall() == []
+        )
+        assert claim(conn, "acct-17") is None
+        c.commit() if end == "commit" else c.rollback()
+        assert wait_until(lambda: permit_holders(conn, "exports") == [])
+        assert wait_until(lambda: name_holders(conn, "acct-42", "acct-17") == {})
+
+
+def test_a_permit_kept_for_a_transaction_and_lost_is_loud(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    with psycopg.connect(dsn) as c:
+        c.execute("SELECT 1")
+        with permit(c, "exports", ttl=TTL, max_permits=1) as held:
+            pass
+        assert conn.execute("SELECT permit_revoke('exports', %s)", (held.holder,)).fetchone() == (
+            True,
+        )
+        c.commit()
+    assert wait_until(
+        lambda: any(
+            r.levelno >= logging.ERROR and "'exports'" in r.getMessage() for r in caplog.records
+        )
+    )
+
+
+async def test_async_permits_are_held_until_the_callers_transaction_ends(
+    dsn: str, conn: Conn
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as c:
+        await c.execute("SELECT 1")
+        async with apermit(c, "exports", ttl=TTL, max_permits=2, permits=2) as held:
+            pass
+        await asyncio.sleep(0.3)
+        assert permit_holders(conn, "exports") == [held.holder, held.holder]
+        await c.commit()
+        limit = time.monotonic() + 10
+        while permit_holders(conn, "exports") and time.monotonic() < limit:
+            await asyncio.sleep(0.02)
+        assert permit_holders(conn, "exports") == []
 
 
 async def test_async_jobs_in_caller_transactions_count_every_job(dsn: str, conn: Conn) -> None:

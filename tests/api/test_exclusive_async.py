@@ -202,6 +202,83 @@ async def test_concurrent_calls_run_once(dsn: str) -> None:
     assert results == [None, None, "ran"]
 
 
+async def held_permits(aconn: AConn) -> list[tuple[str, int]]:
+    cur = await aconn.execute("SELECT name, slot FROM permit_status() WHERE held ORDER BY 1, 2")
+    return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def test_max_permits_caps_concurrent_calls_per_key(dsn: str, aconn: AConn) -> None:
+    """Two calls per tenant at once, whatever the other tenants do; a third is busy."""
+    entered = {1: AEvent(), 2: AEvent()}
+    finish = AEvent()
+    running: list[int] = []
+
+    @exclusive(dsn, "export-{tenant_id}", ttl=30, max_permits=2)
+    async def export(tenant_id: int) -> str:
+        running.append(tenant_id)
+        if running.count(tenant_id) == 2:
+            entered[tenant_id].set()
+        await finish.wait()
+        return f"exported {tenant_id}"
+
+    results: list[str | None] = []
+
+    async def call(tenant_id: int) -> None:
+        results.append(await export(tenant_id))
+
+    workers = [astart_worker(call, 1), astart_worker(call, 1)]
+    try:
+        assert await asleep_until(entered[1].is_set, BOUND)
+        assert await export(1) is None  # a third call for tenant 1: the cap is reached
+        workers += [astart_worker(call, 2), astart_worker(call, 2)]
+        assert await asleep_until(entered[2].is_set, BOUND)  # another tenant's cap is its own
+        assert await held_permits(aconn) == [
+            ("export-1", 0), ("export-1", 1), ("export-2", 0), ("export-2", 1),
+        ]  # fmt: skip
+    finally:
+        finish.set()
+    await ajoin_workers(workers)
+    assert sorted(results, key=str) == ["exported 1"] * 2 + ["exported 2"] * 2
+    assert sorted(running) == [1, 1, 2, 2]
+    assert await held_permits(aconn) == []  # every permit given back
+
+
+async def test_max_permits_busy_raise_and_wait(dsn: str, aconn: AConn) -> None:
+    await aconn.execute("SELECT permit_claim('cap', 1, interval '1 hour', 'other')")
+
+    @exclusive(dsn, "cap", ttl=30, max_permits=1, busy="raise")
+    async def capped() -> str:
+        return "ran"
+
+    with pytest.raises(LeaseBusy) as busy:
+        await capped()
+    assert busy.value.name == "cap" and busy.value.holder == "other"
+
+    @exclusive(dsn, "cap", ttl=30, max_permits=1, wait=BOUND)
+    async def waiting() -> str:
+        return "ran"
+
+    async def release_soon() -> None:
+        await asleep(0.3)
+        await aconn.execute("SELECT permit_release('cap', 'other')")
+
+    freeing = astart_worker(release_soon)
+    assert await waiting() == "ran"
+    await ajoin_workers([freeing])
+
+
+def test_max_permits_options_fail_at_decoration() -> None:
+    url = "postgresql://postgres@127.0.0.1:1/never-used"
+    with pytest.raises(InvalidArgument, match="max_permits"):
+        exclusive(url, "x", ttl=5, max_permits=0)
+    with pytest.raises(InvalidArgument, match="permits"):
+        exclusive(url, "x", ttl=5, max_permits=2, permits=3)
+    with pytest.raises(TypeError, match="min_hold"):
+        exclusive(url, "x", ttl=5, max_permits=2, min_hold=60)
+    with pytest.raises(TypeError, match="permits"):
+        exclusive(url, "x", ttl=5, permits=2)  # a number of permits, of no semaphore
+
+
 async def test_min_hold_makes_it_at_most_once_per_period(dsn: str) -> None:
     calls: list[float] = []
 

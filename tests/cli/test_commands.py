@@ -199,9 +199,10 @@ def test_status_json(url: str) -> None:
     assert [r["name"] for r in rows] == ["a-lease", "b-lease"]
     keys = [
         *("name", "holder", "fence", "held", "acquired_at", "renewed_at", "expires_at"),
-        *("state", "ttl"),
+        *("state", "ttl", "kind"),  # added later at the end: a semaphore's kind differs
     ]
     assert all(list(r) == keys for r in rows)
+    assert {r["kind"] for r in rows} == {"lease"}
     assert rows[0]["held"] is True and rows[1]["held"] is False
     assert rows[0]["state"] == "held" and rows[0]["ttl"] == 60
     assert rows[0]["holder"] == "h1" and rows[0]["fence"] == 1

@@ -230,7 +230,7 @@ def test_help_shows_no_python_types() -> None:
 
 def test_run_usage_reads_as_a_user_writes_it() -> None:
     usage = ok("run", "--help").stdout.splitlines()[0]
-    assert usage == "Usage: pylease run [OPTIONS] NAME -- CMD [ARG...]"
+    assert usage == "Usage: pylease run [OPTIONS] NAME [NAME...] -- CMD [ARG...]"
     assert ok("claim", "--help").stdout.splitlines()[0] == "Usage: pylease claim [OPTIONS] NAME"
 
 

@@ -1,0 +1,240 @@
+/*
+ * pylease's SQL of permits and several names (migrations 0008 and 0009) on a table of
+ * rows, as the server runs it: the slots of one semaphore (PERMITS), or two lease
+ * names, A (row 0) and B (row 1) (NAMES).
+ *
+ * A function decides one row at a time in sql.pml's `row`: load(r) brings row r there,
+ * sql.pml's pieces decide (a new tenure, its fence, an extension never earlier, a
+ * holder-matched renewal, release and lease_holds are the lease's), store() puts it
+ * back. A call is one statement and runs atomically, except lease_claim_all, whose
+ * locks are taken one row at a time (pylease.pml runs its steps): that is where
+ * claims of several names could deadlock or grant a subset.
+ *
+ * Included by pylease.pml after sql.pml, with PERMITS or NAMES set. Mutants (-D):
+ * MUT_PERMIT_TAKE_HELD, MUT_PERMIT_RELEASE_RESETS, MUT_CLAIM_ALL_NO_RECHECK,
+ * MUT_CLAIM_ALL_ONE_BY_ONE, MUT_CLAIM_ALL_CALLER_ORDER.
+ *
+ * REUSE_FIX (-D): what permits would need for a holder the caller chose and reuses
+ * (docs/model.md, "A finding"): a claim that never continues that holder's tenure (as
+ * lease_claim_new) and a release matched on the fence (as lease_release's).
+ */
+
+#if PERMITS
+#define NR PERMITS      /* a semaphore of PERMITS slots, max_permits => PERMITS */
+#else
+#define NR 2            /* names A and B */
+#endif
+
+Row tab[NR];
+byte kl[NR];            /* per row: open fenced transactions (permit_holds' FOR KEY SHARE) */
+byte cur;               /* the row loaded into `row` */
+byte ri, rk, rn;        /* scratch of a statement's loops (0 between statements) */
+byte racq;              /* scratch: lease_claim's acquired_at, unread here */
+
+inline load(r) {
+    cur = r;
+    row.exists = tab[r].exists; row.released = tab[r].released; row.holder = tab[r].holder;
+    row.fence = tab[r].fence; row.age = tab[r].age; row.left = tab[r].left;
+    row.ttl = tab[r].ttl; keylock = kl[r]
+}
+
+/* `row` back to row cur, and cleared, so that it is no part of the state between
+   statements. */
+inline store() {
+    tab[cur].exists = row.exists; tab[cur].released = row.released;
+    tab[cur].holder = row.holder; tab[cur].fence = row.fence; tab[cur].age = row.age;
+    tab[cur].left = row.left; tab[cur].ttl = row.ttl; kl[cur] = keylock;
+    row.exists = 0; row.released = 0; row.holder = 0; row.fence = 0; row.age = 0;
+    row.left = 0; row.ttl = 0; keylock = 0; cur = 0
+}
+
+/* A tenure of holder h, not released: unexpired or not (renewals and a holder's own
+   claim find it until it is taken). */
+#define HOLDS_ROW(r, h) (tab[r].exists && tab[r].holder == (h) && !tab[r].released)
+/* Free for a new grant: expires_at <= now (released, expired, or never granted). */
+#define FREE_ROW(r) (tab[r].left == 0)
+
+/* ---- Permits (0008: permit_claim, permit_renew, permit_release, permit_holds) ---- */
+
+#ifdef MUT_PERMIT_TAKE_HELD
+/* The grant's SELECT ... FOR UPDATE SKIP LOCKED without `expires_at <= t_now`: it
+   takes the slot the holder's hash points at, held or not, once the (correct) busy
+   test saw one free. */
+#define TAKEABLE(r) (kl[r] == 0)
+#else
+/* A free slot that no other transaction has locked (SKIP LOCKED: a holder's open
+   permit_holds transaction keeps its slot out of every grant). */
+#define TAKEABLE(r) (FREE_ROW(r) && kl[r] == 0)
+#endif
+
+/* permit_claim(name, NR, ttl, holder, permits => 1): the fence, BUSY or EXHAUSTED, and
+   the slot granted. The model's claims take one permit each. */
+inline permit_claim(h, t, out, sl) {
+    out = BUSY; sl = 0;
+    ri = 0;
+    do
+    :: ri < NR && !HOLDS_ROW(ri, h) -> ri++
+    :: else -> break
+    od;
+    if
+#ifdef REUSE_FIX
+    :: ri < NR && tab[ri].left > 0 -> skip   /* this holder's, unexpired: busy */
+    :: ri < NR && tab[ri].left == 0 ->
+        /* this holder's, expired: taken over with a new fence */
+        load(ri);
+        row.fence = NEXT_FENCE; new_tenure(h, t, KIND_CLAIM); out = row.fence;
+        store(); sl = ri
+#else
+    :: ri < NR ->
+        /* still this holder's (a retried claim): its slot again, extended never earlier */
+        load(ri);
+        row.ttl = t; RECLAIM_EXPIRY(t); out = row.fence;
+        store(); sl = ri
+#endif
+    :: else ->
+        /* busy: no slot free. Reads only. */
+        rn = 0; ri = 0;
+        do
+        :: ri < NR -> rn = rn + FREE_ROW(ri); ri++
+        :: else -> break
+        od;
+        /* a grant: the first slot TAKEABLE from where the holder's hash points */
+        rk = 0; ri = h % NR;
+        do
+        :: rn > 0 && rk < NR && !TAKEABLE(ri) -> rk++; ri = (ri + 1) % NR
+        :: else -> break
+        od;
+        if
+        :: rn > 0 && rk < NR ->
+            load(ri);
+            if
+            :: row.fence == FENCE_MAX -> out = EXHAUSTED
+            :: else ->
+                row.exists = 1; row.fence = NEXT_FENCE;   /* timeline-floored, per slot */
+                new_tenure(h, t, KIND_CLAIM);
+                out = row.fence
+            fi;
+            store(); sl = ri
+        :: else -> skip        /* busy, or every free slot locked by another: busy */
+        fi
+    fi;
+    ri = 0; rk = 0; rn = 0
+}
+
+/* permit_renew(name, holder, ttl) / pylease_renew_held's permit element: all or
+   nothing, every slot of the holder (as many as it was granted together: one) is
+   extended, never earlier; granted: the earliest expiry's span. */
+inline permit_renew(h, t, ok, granted) {
+    rn = 0; ri = 0;
+    do
+    :: ri < NR -> rn = rn + HOLDS_ROW(ri, h); ri++
+    :: else -> break
+    od;
+    ok = (rn == 1); granted = 0;
+    ri = 0;
+    do
+    :: ok && ri < NR && HOLDS_ROW(ri, h) ->
+        load(ri); lease_renew(h, t, rk, rn); store();
+        granted = (granted == 0 -> rn : (rn < granted -> rn : granted)); ri++
+    :: ok && ri < NR && !HOLDS_ROW(ri, h) -> ri++
+    :: else -> break
+    od;
+    ri = 0; rk = 0; rn = 0
+}
+
+/* permit_release(name, holder): holder-matched (no fence), every slot of the holder.
+   REUSE_FIX: matched on the fence f too, as lease_release's fourth argument. */
+#ifdef REUSE_FIX
+#define PERMIT_RELEASE_FENCE(f) (f)
+#else
+#define PERMIT_RELEASE_FENCE(f) 0
+#endif
+inline permit_release(h, f) {
+    ri = 0;
+    do
+    :: ri < NR ->
+        load(ri); lease_release(h, 0, PERMIT_RELEASE_FENCE(f), rk);
+#ifdef MUT_PERMIT_RELEASE_RESETS
+        /* the slot back to its default (holder NULL, fence 0), as a slot never granted */
+        if
+        :: rk -> row.holder = 0; row.fence = 0
+        :: else -> skip
+        fi;
+#endif
+        store(); ri++
+    :: else -> break
+    od;
+    ri = 0; rk = 0
+}
+
+/* permit_holds(name, holder, fence) on the holder's slot s: lease_holds' decision and
+   its FOR KEY SHARE lock, which every grant of the slot waits for (skips). */
+inline permit_holds(h, f, s, ok) {
+    load(s); lease_holds(h, f, ok); store()
+}
+
+/* ---- Several names (0008: lease_claim_all, lease_release_all; 0009: renewal) ---- */
+
+/* A name in the way of holder h: unexpired, and released (resting) or another's. */
+#define IN_WAY(r, h) (tab[r].exists && tab[r].left > 0 && (tab[r].released || tab[r].holder != (h)))
+
+/* lease_claim_all's grant of the locked row in `row`: a new name; one still this
+   holder's, extended with its fence (as lease_claim); or a new tenure, fence floored.
+   The UPDATE itself has no condition: the recheck under the locks decides. */
+inline claim_all_name(h, t) {
+    if
+    :: !row.exists -> row.exists = 1; row.fence = FLOOR; new_tenure(h, t, KIND_CLAIM)
+    :: row.exists && !row.released && row.holder == h -> row.ttl = t; RECLAIM_EXPIRY(t)
+    :: row.exists && (row.released || row.holder != h) ->
+        row.fence = NEXT_FENCE; new_tenure(h, t, KIND_CLAIM)
+    fi
+}
+
+/* lease_claim_all's last step, every row locked: recheck (a name in the way is busy,
+   and the statement rolls back), then grant every name. outa, outb: the fences of A
+   and B, or BUSY. (Fences do not run out in the model's runs.) */
+inline claim_all_grant(h, t, outa, outb) {
+#ifdef MUT_CLAIM_ALL_NO_RECHECK
+    if
+    :: false -> skip
+#else
+    if
+    :: IN_WAY(0, h) || IN_WAY(1, h) -> outa = BUSY; outb = BUSY
+#endif
+    :: else ->
+        load(0); claim_all_name(h, t); outa = row.fence; store();
+        load(1); claim_all_name(h, t); outb = row.fence; store()
+    fi
+}
+
+/* lease_renew_each over names (the keeper's renewal of a tenure of several names):
+   each name renewed on its own; the tenure is kept only when all were, for the
+   earliest span granted. `which`: 1 A, 2 B, 3 both. */
+inline renew_names(h, which, t, ok, granted) {
+    ok = 1; granted = 0; ri = 0;
+    do
+    :: ri < NR && ((which >> ri) & 1) ->
+        load(ri); lease_renew(h, t, rk, rn); store();
+        ok = ok && rk;
+        granted = (granted == 0 -> rn : (rn < granted -> rn : granted)); ri++
+    :: ri < NR && !((which >> ri) & 1) -> ri++
+    :: else -> break
+    od;
+    if
+    :: !ok -> granted = 0
+    :: else -> skip
+    fi;
+    ri = 0; rk = 0; rn = 0
+}
+
+/* lease_release_all(names, holder) (which = 3, f = 0: holder-matched, no fence), or
+   one name's lease_release(name, holder, NULL, fence). */
+inline release_names(h, which, f) {
+    ri = 0;
+    do
+    :: ri < NR && ((which >> ri) & 1) -> load(ri); lease_release(h, 0, f, rk); store(); ri++
+    :: ri < NR && !((which >> ri) & 1) -> ri++
+    :: else -> break
+    od;
+    ri = 0; rk = 0
+}
