@@ -36,10 +36,12 @@ if TYPE_CHECKING:
         arun_as_leader,
         awatch_leader,
     )
-    from pylease.leasing import Lease, Outcome, keep_fresh, lease, run_exclusive
-    from pylease.leasing_async import AsyncLease, akeep_fresh, alease, arun_exclusive
+    from pylease.leasing import Lease, Outcome, lease, run_exclusive
+    from pylease.leasing_async import AsyncLease, alease, arun_exclusive
     from pylease.permits import leases, permit
     from pylease.permits_async import aleases, apermit
+    from pylease.renewing import keep_fresh
+    from pylease.renewing_async import akeep_fresh
     from pylease.schema import schema_sql
 
 __version__ = "0.1.0"
@@ -70,10 +72,10 @@ _HOMES = {
     "Lease": "pylease.leasing",
     "AsyncLease": "pylease.leasing_async",
     "Outcome": "pylease.leasing",
-    "keep_fresh": "pylease.leasing",
+    "keep_fresh": "pylease.renewing",
     "lease": "pylease.leasing",
     "run_exclusive": "pylease.leasing",
-    "akeep_fresh": "pylease.leasing_async",
+    "akeep_fresh": "pylease.renewing_async",
     "alease": "pylease.leasing_async",
     "arun_exclusive": "pylease.leasing_async",
     "leases": "pylease.permits",

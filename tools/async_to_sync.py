@@ -59,6 +59,7 @@ PAIRS = [
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("pylease/permits_async.py", "pylease/permits.py"),
     ("pylease/inspection_async.py", "pylease/inspection.py"),
+    ("pylease/renewing_async.py", "pylease/renewing.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
@@ -85,6 +86,7 @@ NAMES = {
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
     "inspection_async": "inspection",
+    "renewing_async": "renewing",
     "alocked": "locked",  # and astatus, with the tests' helpers below
     # permits and several names
     "permits_async": "permits",
