@@ -92,3 +92,22 @@ bench: $(BENCH_STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist build
+
+# `make dist`: the sdist and the wheel in dist/, checked (scripts/check_dist.py): their
+# metadata, `twine check`, and a fresh venv, its dependencies from the package index, that
+# installs the wheel and runs `pylease --version`, `pylease migrate` against throwaway
+# SQLite and PostgreSQL databases, and the README's quick start. DIST_PYTHONS: the
+# interpreters to install it with (default: the venv's), e.g. "python3.11 python3.13".
+.PHONY: dist
+DIST_STAMP := $(VENV)/.installed-dist
+DIST_PYTHONS ?=
+
+$(DIST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dist]'
+	touch $(DIST_STAMP)
+
+dist: $(DIST_STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python scripts/check_dist.py dist $(foreach p,$(DIST_PYTHONS),--python $(p))

@@ -28,6 +28,7 @@ from benchmarks.functions import bench_functions
 from benchmarks.peers import bench_peers
 from benchmarks.python_level import bench_handover, bench_python
 from benchmarks.sql_level import bench_busy, bench_cycle, bench_heartbeat
+from benchmarks.startup import bench_startup
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/pylease_bench"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -44,6 +45,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "leader": __import__("benchmarks.leader", fromlist=["_"]).bench_leader,
     "functions": bench_functions,
     "fleet": bench_fleet,
+    "startup": bench_startup,
 }
 
 

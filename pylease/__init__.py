@@ -23,8 +23,12 @@ from pylease.errors import (
 )
 
 if TYPE_CHECKING:
+    from pylease._held import AsyncHeld, Held
+    from pylease._operations import LeaseRow
     from pylease._types import FOREVER, AsyncTarget, Duration, Target, Wait
     from pylease.decorators import exclusive
+    from pylease.inspection import locked, status
+    from pylease.inspection_async import alocked, astatus
     from pylease.leadership import current_leader, leader, run_as_leader, watch_leader
     from pylease.leadership_async import (
         acurrent_leader,
@@ -32,10 +36,12 @@ if TYPE_CHECKING:
         arun_as_leader,
         awatch_leader,
     )
-    from pylease.leasing import Held, Outcome, keep_fresh, lease, run_exclusive
-    from pylease.leasing_async import akeep_fresh, alease, arun_exclusive
+    from pylease.leasing import Lease, Outcome, lease, run_exclusive
+    from pylease.leasing_async import AsyncLease, alease, arun_exclusive
     from pylease.permits import leases, permit
     from pylease.permits_async import aleases, apermit
+    from pylease.renewing import keep_fresh
+    from pylease.renewing_async import akeep_fresh
     from pylease.schema import schema_sql
 
 __version__ = "0.1.0"
@@ -56,12 +62,20 @@ _HOMES = {
     "aleader": "pylease.leadership_async",
     "arun_as_leader": "pylease.leadership_async",
     "awatch_leader": "pylease.leadership_async",
-    "Held": "pylease.leasing",
+    "AsyncHeld": "pylease._held",
+    "Held": "pylease._held",
+    "LeaseRow": "pylease._operations",
+    "locked": "pylease.inspection",
+    "status": "pylease.inspection",
+    "alocked": "pylease.inspection_async",
+    "astatus": "pylease.inspection_async",
+    "Lease": "pylease.leasing",
+    "AsyncLease": "pylease.leasing_async",
     "Outcome": "pylease.leasing",
-    "keep_fresh": "pylease.leasing",
+    "keep_fresh": "pylease.renewing",
     "lease": "pylease.leasing",
     "run_exclusive": "pylease.leasing",
-    "akeep_fresh": "pylease.leasing_async",
+    "akeep_fresh": "pylease.renewing_async",
     "alease": "pylease.leasing_async",
     "arun_exclusive": "pylease.leasing_async",
     "leases": "pylease.permits",
@@ -87,6 +101,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "FOREVER",
+    "AsyncHeld",
+    "AsyncLease",
     "AsyncTarget",
     "ConfigurationError",
     "DatabaseUnavailable",
@@ -94,8 +110,10 @@ __all__ = [
     "FenceExhausted",
     "Held",
     "InvalidArgument",
+    "Lease",
     "LeaseBusy",
     "LeaseLost",
+    "LeaseRow",
     "MigrationError",
     "Outcome",
     "PyleaseError",
@@ -109,9 +127,11 @@ __all__ = [
     "aleader",
     "alease",
     "aleases",
+    "alocked",
     "apermit",
     "arun_as_leader",
     "arun_exclusive",
+    "astatus",
     "awatch_leader",
     "current_leader",
     "exclusive",
@@ -119,9 +139,11 @@ __all__ = [
     "leader",
     "lease",
     "leases",
+    "locked",
     "permit",
     "run_as_leader",
     "run_exclusive",
     "schema_sql",
+    "status",
     "watch_leader",
 ]

@@ -13,12 +13,28 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import sys
 import threading
+from collections.abc import Hashable
 
-from pylease.errors import InvalidArgument
+from pylease.errors import InvalidArgument, LeaseBusy
 
 _lock = threading.Lock()
-_live: set[tuple[str, str]] = set()
+# name -> holder -> (database, thread or task) of an exclusive claim there, else None.
+_live: dict[str, dict[str, tuple[Hashable, tuple[str, int]] | None]] = {}
+
+
+def _caller() -> tuple[str, int]:
+    """The task running this (on an event loop), else the thread."""
+    asyncio = sys.modules.get("asyncio")  # no task can run where asyncio was never loaded
+    if asyncio is not None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        if task is not None:
+            return ("task", id(task))
+    return ("thread", threading.get_ident())
 
 
 def enter(name: str, holder: str) -> None:
@@ -27,7 +43,8 @@ def enter(name: str, holder: str) -> None:
     :raises InvalidArgument: the same holder already has a live lease of that name here.
     """
     with _lock:
-        if (name, holder) in _live:
+        claims = _live.get(name, {})
+        if holder in claims:
             raise InvalidArgument(
                 f"pylease: holder {holder!r} already has a live lease {name!r} in this"
                 " process: a holder names one claim (use a holder of its own for each"
@@ -35,7 +52,7 @@ def enter(name: str, holder: str) -> None:
                 parameter="holder",
                 name=name,
             )
-        _live.add((name, holder))
+        _live.setdefault(name, {})[holder] = None
 
 
 def enter_all(names: tuple[str, ...], holder: str) -> None:
@@ -51,6 +68,23 @@ def enter_all(names: tuple[str, ...], holder: str) -> None:
         raise
 
 
+def own(names: tuple[str, ...], holder: str, database: Hashable) -> None:
+    """Mark the recorded claims of ``names`` by ``holder`` as exclusive claims of the
+    calling thread or task on ``database``.
+
+    :raises LeaseBusy: the same thread or task holds one of ``names`` on ``database``
+        under another holder: this claim, nested in that block, would wait for itself.
+    """
+    mark = (database, _caller())
+    with _lock:
+        for name in names:
+            for other, by in _live.get(name, {}).items():
+                if other != holder and by == mark:
+                    raise LeaseBusy(name, holder=other, here=True)
+        for name in names:
+            _live.setdefault(name, {})[holder] = mark
+
+
 def leave_all(names: tuple[str, ...], holder: str) -> None:
     for name in names:
         leave(name, holder)
@@ -59,14 +93,18 @@ def leave_all(names: tuple[str, ...], holder: str) -> None:
 def leave(name: str, holder: str) -> None:
     """Forget the claim; nothing if it was not recorded."""
     with _lock:
-        _live.discard((name, holder))
+        claims = _live.get(name)
+        if claims is not None:
+            claims.pop(holder, None)
+            if not claims:
+                del _live[name]
 
 
 def _after_fork() -> None:
     global _lock, _live
     # The lock may have been held by another thread at the fork: a new one.
     _lock = threading.Lock()
-    _live = set()
+    _live = {}
 
 
 if hasattr(os, "register_at_fork"):

@@ -9,10 +9,12 @@ does I/O.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from pylease import _checks, _log
+from pylease._acompat import monotonic
 from pylease._claims import default_holder as default_holder
 from pylease._operations import LeaseEvent, LeaseRow
 from pylease._ticket import Ticket
@@ -28,6 +30,11 @@ class Outcome(NamedTuple, Generic[T]):
 
     ran: bool
     result: T | None
+
+
+def _read(method: str, name: str, holder: str, fence: int) -> Callable[[Any], Any]:
+    """A statement for a link's ``run``: the backend's ``method`` (``holds``, ...)."""
+    return lambda b: getattr(b, method)(name, holder, fence)
 
 
 class Held:
@@ -63,12 +70,65 @@ class Held:
         if error is not None:
             raise error
 
+    @property
+    def expires_at(self) -> datetime:
+        """When the lease expires, as the server last granted it: from the answer to its
+        latest renewal, on the server's clock; until the first, the claim's ttl from the
+        moment the claim was sent, on this host's clock (an earlier time than the
+        server's, but for a clock skew between them)."""
+        ticket = self._ticket
+        if ticket.server_expires is not None:
+            return ticket.server_expires
+        return datetime.fromtimestamp(ticket.expires + ticket.wall_offset, UTC)
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left by this host's clock: how long this holder may still believe it
+        holds the lease, never more than the server allows; 0 once it is lost."""
+        if self.lost:
+            return 0.0
+        return max(0.0, self._ticket.believed_until - monotonic())
+
+    def owned(self) -> bool:
+        """Whether the database still names this holder and fence, unexpired: a round
+        trip (``lease_holds()``), where :attr:`lost` and :meth:`check` are local. False,
+        without asking, once the lease is known lost or its block has ended.
+
+        :raises DatabaseUnavailable: the database could not be asked.
+        """
+        if self.lost:
+            return False
+        link = self._ticket.link
+        return all(link.run(check, name=name, retry=True) for name, check in self._holds())
+
+    def _holds(self) -> list[tuple[str, Callable[[Any], Any]]]:
+        """The reads that say whether it is still ours: (name, statement) pairs."""
+        return [(self.name, _read("holds", self.name, self.holder, self.fence))]
+
     def _ended(self) -> bool:
         return self._ticket.ended or self._ticket.generation != self._generation
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "held"
         return f"<Held {self.name!r} fence={self.fence} holder={self.holder!r} {state}>"
+
+
+class AsyncHeld(Held):
+    """A lease held through the async API: as :class:`Held`, and :meth:`owned` is awaited."""
+
+    async def owned(self) -> bool:  # type: ignore[override]
+        """Whether the database still names this holder and fence, unexpired: a round
+        trip (``lease_holds()``); False, without asking, once the lease is known lost.
+
+        :raises DatabaseUnavailable: the database could not be asked.
+        """
+        if self.lost:
+            return False
+        link = self._ticket.link
+        for name, check in self._holds():
+            if not await link.run(check, name=name, retry=True):
+                return False
+        return True
 
 
 class PermitsHeld(Held):
@@ -83,9 +143,17 @@ class PermitsHeld(Held):
         self.slots = dict(sorted(slots.items()))
         super().__init__(name, holder, next(iter(self.slots.values())), ticket)
 
+    def _holds(self) -> list[tuple[str, Callable[[Any], Any]]]:
+        name, holder = self.name, self.holder
+        return [(name, _read("permit_holds", name, holder, f)) for f in self.slots.values()]
+
     def __repr__(self) -> str:
         state = "lost" if self.lost else "held"
         return f"<PermitsHeld {self.name!r} slots={self.slots} holder={self.holder!r} {state}>"
+
+
+class AsyncPermitsHeld(PermitsHeld, AsyncHeld):
+    """Permits held through the async API: :meth:`owned` is awaited."""
 
 
 class NamesHeld(Held):
@@ -103,9 +171,16 @@ class NamesHeld(Held):
         self.fences = {name: fences[name] for name in names}
         super().__init__(names[0], holder, self.fences[names[0]], ticket)
 
+    def _holds(self) -> list[tuple[str, Callable[[Any], Any]]]:
+        return [(n, _read("holds", n, self.holder, f)) for n, f in self.fences.items()]
+
     def __repr__(self) -> str:
         state = "lost" if self.lost else "held"
         return f"<NamesHeld fences={self.fences} holder={self.holder!r} {state}>"
+
+
+class AsyncNamesHeld(NamesHeld, AsyncHeld):
+    """Several leases held through the async API: :meth:`owned` is awaited."""
 
 
 def callable_option(parameter: str, value: object) -> None:

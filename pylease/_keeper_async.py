@@ -540,10 +540,11 @@ class AsyncKeeper:
             for ticket, row in zip(batch, rows, strict=True):
                 renewed = bool(row[1])
                 granted = row[2] if len(row) > 2 else None
+                server_time = row[3] if len(row) > 3 else None
                 if ticket not in group.tickets:
                     continue  # stopped meanwhile: its answer no longer matters
                 if renewed and not jump:
-                    ticket.renewed(sent_at, granted)
+                    ticket.renewed(sent_at, granted, server_time)
                 else:
                     group.tickets.remove(ticket)
                     lost.append((ticket, why))

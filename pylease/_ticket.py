@@ -10,8 +10,9 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pylease import _log
@@ -76,6 +77,8 @@ class Ticket:
     # ("permit"); a claim of several names renews each of ``names`` (lost when any is).
     kind = "lease"
     names: tuple[str, ...] = ()
+    # The expiry the server granted at the latest renewal, on its clock (Held.expires_at).
+    server_expires: datetime | None = None
 
     def __init__(
         self,
@@ -91,6 +94,8 @@ class Ticket:
         self.ttl = ttl.total_seconds()
         self.on_lost = on_lost
         self.expires = sent_at + self.ttl
+        # This host's wall clock less the keeper's, once: expires as a time of day.
+        self.wall_offset = time.time() - monotonic()
         # When its next renewal is due: each lease at the pace of its own ttl.
         self.due = sent_at + self.interval
         self.renew_ttl: timedelta | None = ttl
@@ -116,9 +121,11 @@ class Ticket:
         clock-rate margin, since our clock may run slower than the server's."""
         return self.expires - drift_margin(self.ttl)
 
-    def renewed(self, sent_at: float, granted: float | None = None) -> None:
+    def renewed(
+        self, sent_at: float, granted: float | None = None, server_time: datetime | None = None
+    ) -> None:
         """A renewal sent at ``sent_at`` succeeded; ``granted``: the seconds the server
-        gave it from its own now (None: the ttl).
+        gave it from its own now, ``server_time`` (None: the ttl, not known).
 
         An answer read after the belief had ended revives nothing: the holder may have
         been granted the name again since (another tenure, the same holder), and a
@@ -129,6 +136,10 @@ class Ticket:
         self.expires = max(self.expires, sent_at + (self.ttl if granted is None else granted))
         self.due = sent_at + self.interval
         self.renewals += 1
+        if granted is not None and server_time is not None:
+            until = server_time + timedelta(seconds=granted)
+            if self.server_expires is None or until > self.server_expires:
+                self.server_expires = until
 
     def __repr__(self) -> str:
         state = "lost" if self.lost is not None else "kept"

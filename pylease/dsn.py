@@ -9,6 +9,7 @@ a ``postgresql://`` URL leaves out (``PYLEASE_DSN=postgresql://`` uses them all)
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -45,6 +46,21 @@ def find(explicit: str | None, environ: Mapping[str, str] | None = None) -> Foun
         if value:
             return Found(value, var)
     return Found(None, "default")
+
+
+def misspelled(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Why no variable named a database although one was meant to: each of
+    :data:`ENV_VARS` set but empty, and each variable spelled like one of them
+    (``PYLEASE_DNS``), as a phrase for a message."""
+    env = os.environ if environ is None else environ
+    said = [f"{var} is set but empty" for var in ENV_VARS if var in env and not env[var]]
+    for var in sorted(env):
+        if var in ENV_VARS or not env[var]:
+            continue
+        close = difflib.get_close_matches(var.upper(), ENV_VARS, n=1, cutoff=0.8)
+        if close:
+            said.append(f"{var} is set: did you mean {close[0]}?")
+    return said
 
 
 def normalize(dsn: str) -> str:

@@ -42,13 +42,17 @@ class LeaseBusy(PyleaseError):
         holder: str | None = None,
         waited: float = 0.0,
         claimer: str | None = None,
+        here: bool = False,
     ) -> None:
         self.holder = holder
         self.waited = waited
         by = f" by {holder}" if holder else ""
         after = f" after waiting {waited:.3f}s" if waited else ""
         why = ""
-        if holder is not None and holder == claimer:
+        if here:
+            by = " by this process already" + (f" (holder {holder})" if holder else "")
+            why = ", in a block this one is nested in: a wait would wait for itself"
+        elif holder is not None and holder == claimer:
             why = (
                 ", the holder this claim was given: another process uses the same holder"
                 " (a holder names one claim; give each process its own)"

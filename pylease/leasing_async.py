@@ -1,5 +1,6 @@
 # The source of pylease/leasing.py: tools/async_to_sync.py writes it from this file.
-"""The Python API: :func:`alease`, :func:`arun_exclusive` and :func:`akeep_fresh`.
+"""The Python API: :func:`alease` and :func:`arun_exclusive` (:func:`akeep_fresh` is in
+:mod:`pylease.renewing_async`).
 
 Every operation is one statement that commits on its own; the database decides
 every race. While the body runs, the keeper (:mod:`pylease._keeper_async`) renews
@@ -19,22 +20,20 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
 from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
 from pylease._caller_tx import Deferred
-from pylease._held import Held as Held
 from pylease._held import (
+    AsyncHeld,
     Options,
     bool_option,
-    end_keep_fresh,
     finish,
-    keep_fresh_options,
     options,
 )
+from pylease._held import Held as Held
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
 from pylease._keeper_async import NOT_OURS, keeper, settle
@@ -65,6 +64,7 @@ class AsyncLease:
     # A later block of the name in the caller's transaction may take a deferred lease
     # back; permits and several names are kept for the transaction, never taken back.
     _adoptable = True
+    _exclusive = True  # a nested block of the name is refused at once (contract 5.6)
 
     def __init__(
         self,
@@ -88,6 +88,14 @@ class AsyncLease:
         if True:  # ASYNC
             self._cancelling = 0
 
+    async def acquire(self) -> Held:
+        """Enter the block without ``async with``: a lease held across callbacks."""
+        return await self.__aenter__()
+
+    async def release(self) -> None:
+        """Leave it as the block does (:class:`LeaseLost` if the lease was lost)."""
+        await self.__aexit__(None, None, None)
+
     async def __aenter__(self) -> Held:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: an alease() context manager can be entered once")
@@ -106,6 +114,8 @@ class AsyncLease:
             _claims.leave_all(names, holder)
             raise
         try:
+            if self._exclusive:  # nested in a block of the name on that database: refused
+                _claims.own(names, holder, link_.source.key)
             grant, sent_at = await acquire_with(
                 link_,
                 self._attempt(holder),
@@ -207,7 +217,7 @@ class AsyncLease:
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         """The Held of a grant, and what its ticket keeps."""
         ticket.fence = grant
-        return Held(self._opts.name, ticket.holder, grant, ticket)
+        return AsyncHeld(self._opts.name, ticket.holder, grant, ticket)
 
     async def _loss_cause(self, link_: AsyncLink, ticket: AsyncTicket) -> str | None:
         return await loss_cause(link_, ticket)
@@ -238,7 +248,7 @@ class AsyncLease:
                 if not rows[0][1]:
                     notify_lost(ticket, NOT_OURS)
                     return False
-                ticket.renewed(sent_at, rows[0][2])
+                ticket.renewed(sent_at, rows[0][2], rows[0][3])
         owner = _caller_tx.owner(self._target) if self._adoptable else None
         min_hold = self._opts.min_hold
         await keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
@@ -266,7 +276,7 @@ class AsyncLease:
                 if ticket.task is not None:
                     self._cancelling = ticket.task.cancelling()
         ticket.generation += 1  # the earlier block's Held stays ended
-        self._held = held = Held(ticket.name, ticket.holder, fence, ticket)
+        self._held = held = AsyncHeld(ticket.name, ticket.holder, fence, ticket)
         self._finalizer = weakref.finalize(held, abandon, ticket)
         self._finalizer.atexit = False
         return True
@@ -502,99 +512,3 @@ async def run_in(cm: AsyncLease, work: Callable[[], Awaitable[T]]) -> Outcome[T]
         raise
     await cm.__aexit__(None, None, None)
     return Outcome(True, result)
-
-
-class AsyncKeepFresh:
-    """The context manager :func:`akeep_fresh` returns; single use."""
-
-    def __init__(
-        self,
-        target: object,
-        name: str,
-        holder: str,
-        ttl: timedelta | None,
-        on_lost: AsyncLostCallback | None,
-    ) -> None:
-        self._target = target
-        self._name = name
-        self._holder = holder
-        self._ttl = ttl
-        self._on_lost = on_lost
-        self._link: AsyncLink | None = None
-        self._ticket: AsyncTicket | None = None
-
-    async def __aenter__(self) -> Held:
-        if self._ticket is not None:
-            raise RuntimeError("pylease: an akeep_fresh() context manager can be entered once")
-        name, holder, ttl = self._name, self._holder, self._ttl
-        self._link = link_ = link(self._target)
-        try:
-            sent_at = monotonic()
-            renewed = await link_.run(lambda b: b.renew(name, holder, ttl), name=name, retry=True)
-            rows = await link_.run(lambda b: b.status(name), name=name)
-            row = next((r for r in rows if r.holder == holder), None)
-            if not renewed or row is None:
-                raise LeaseLost(name, f"it is not held by {holder!r}")
-        except BaseException:
-            self._link = None
-            await link_.close()
-            raise
-        # The row's own clock gives the ttl now in force: expires_at - renewed_at.
-        # Never cancels: the body is the helper's own work.
-        ticket = AsyncTicket(
-            name,
-            holder,
-            ttl or (row.expires_at - row.renewed_at),
-            sent_at=sent_at,
-            on_lost=self._on_lost,
-        )
-        ticket.fence = row.fence
-        # Renews with the ttl it was given, or the one in force (None): never the
-        # owner's ttl taken from the row, which the owner may change.
-        ticket.renew_ttl = ttl
-        self._ticket = ticket
-        await keeper().add(ticket, link_.renewals)
-        return Held(name, holder, row.fence, ticket)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        link_, ticket = self._link, self._ticket
-        assert link_ is not None and ticket is not None
-        self._link = None
-        if inherited(ticket):
-            return  # a forked child's: nothing of it is the child's (see AsyncLease)
-        try:
-            await keeper().remove(ticket, link_.renewals)
-            await settle(ticket)
-        finally:
-            await link_.close()
-        end_keep_fresh(ticket, exc)
-
-
-def akeep_fresh(
-    target: AsyncTarget,
-    name: str,
-    holder: str,
-    *,
-    ttl: Duration | None = None,
-    on_lost: AsyncLostCallback | None = None,
-) -> AsyncKeepFresh:
-    """Keep somebody else's lease fresh while the ``async with`` block runs; never release it.
-
-    For a helper process handed the holder token (e.g. through ``PYLEASE_HOLDER``),
-    so the lease outlives an owner that died without cleaning up only as long as
-    the helper works. It renews at once (``LeaseLost`` if the lease is not that
-    holder's), then every ttl/3 with the keeper. Release stays the owner's; it never
-    cancels the body.
-
-    :param ttl: the ttl each renewal grants; default: the one in force.
-    :raises LeaseLost: at entry if the lease is not held by ``holder``; at exit if it
-        was lost meanwhile.
-    """
-    name_, holder_, ttl_ = keep_fresh_options(name, holder, ttl, on_lost)
-    check_target(target)
-    return AsyncKeepFresh(target, name_, holder_, ttl_, on_lost)

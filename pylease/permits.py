@@ -35,6 +35,7 @@ class Permit(Lease):
     """The context manager :func:`permit` returns; single use."""
 
     _adoptable = False
+    _exclusive = False  # one process may hold permits of a name under two holders
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from typing import Any
 
 from pylease import _checks
 from pylease._backend_async import AsyncBackend
-from pylease._held import Held, NamesHeld, Options, PermitsHeld
+from pylease._held import AsyncNamesHeld, AsyncPermitsHeld, Held, Options
 from pylease._links_async import AsyncLink
 from pylease._tenure_async import Part, parts_loss_cause
 from pylease._ticket import AsyncTicket
@@ -34,6 +34,7 @@ class AsyncPermit(AsyncLease):
     """The context manager :func:`apermit` returns; single use."""
 
     _adoptable = False
+    _exclusive = False  # one process may hold permits of a name under two holders
 
     def __init__(
         self,
@@ -55,7 +56,7 @@ class AsyncPermit(AsyncLease):
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         ticket.kind = "permit"
-        held = PermitsHeld(self._opts.name, ticket.holder, grant, ticket)
+        held = AsyncPermitsHeld(self._opts.name, ticket.holder, grant, ticket)
         ticket.fence = held.fence
         self._slots = held.slots
         return held
@@ -97,7 +98,7 @@ class AsyncNames(AsyncLease):
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         ticket.names = self._all
-        held = NamesHeld(self._all, ticket.holder, grant, ticket)
+        held = AsyncNamesHeld(self._all, ticket.holder, grant, ticket)
         ticket.fence = held.fence
         self._fences = held.fences
         return held

@@ -58,6 +58,8 @@ PAIRS = [
     ("pylease/_standby_async.py", "pylease/_standby.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("pylease/permits_async.py", "pylease/permits.py"),
+    ("pylease/inspection_async.py", "pylease/inspection.py"),
+    ("pylease/renewing_async.py", "pylease/renewing.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
@@ -67,6 +69,7 @@ PAIRS = [
     ("tests/leader/test_leader_async.py", "tests/leader/test_leader.py"),
     ("tests/api/test_belief_async.py", "tests/api/test_belief.py"),
     ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
+    ("tests/api/test_lock_api_async.py", "tests/api/test_lock_api.py"),
 ]
 
 NAMES = {
@@ -82,6 +85,9 @@ NAMES = {
     "alease": "lease",
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
+    "inspection_async": "inspection",
+    "renewing_async": "renewing",
+    "alocked": "locked",  # and astatus, with the tests' helpers below
     # permits and several names
     "permits_async": "permits",
     "apermit": "permit",
@@ -121,6 +127,9 @@ NAMES = {
     "AsyncKeepFresh": "KeepFresh",
     "AsyncKeeper": "Keeper",
     "AsyncTicket": "Ticket",
+    "AsyncHeld": "Held",
+    "AsyncPermitsHeld": "PermitsHeld",
+    "AsyncNamesHeld": "NamesHeld",
     "AsyncOp": "Op",
     "AsyncRenewOp": "RenewOp",
     "AsyncReleaseOp": "ReleaseOp",

@@ -86,6 +86,74 @@ def _pieces(shown: str) -> Callable[[Any], list[str]]:
     return lambda ctx: [shown]
 
 
+_TRUE = frozenset(("1", "true", "t", "yes", "y", "on"))
+_FALSE = frozenset(("", "0", "false", "f", "no", "n", "off"))
+
+
+class _Plain:
+    """Typer's coercion of the few types these commands take (str, int, bool, a parser's
+    value, lists of them), without its pydantic layer: importing pydantic alone costs a
+    command more than all the rest of its start-up. Typer asks for it through
+    ``param._runtime_param``; another type keeps typer's own."""
+
+    TYPES = (str, int, bool)
+
+    def __init__(self, annotation: Any, info: Any) -> None:
+        self._one = annotation
+        self._parser: Callable[[Any], Any] | None = info.parser
+        self._min, self._max = info.min, info.max
+
+    @classmethod
+    def of(cls, param: Any) -> _Plain | None:
+        descriptor: Any = getattr(param, "type_descriptor", None)
+        info = getattr(descriptor, "parameter_info", None)
+        if info is None or descriptor.file_annotation is not None or info.clamp:
+            return None
+        annotation = descriptor.annotation
+        if getattr(annotation, "__origin__", None) is list:
+            annotation = annotation.__args__[0]
+        if info.parser is None and annotation not in cls.TYPES:
+            return None
+        return cls(annotation, info)
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value is None:
+            return () if param.multiple or param.nargs == -1 else None
+        if param.multiple or param.nargs == -1:
+            if isinstance(value, str):
+                raise typer.BadParameter("Value must be an iterable.", ctx=ctx, param=param)
+            return [self._convert(item, param, ctx) for item in value]
+        return self._convert(value, param, ctx)
+
+    def _convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if self._parser is not None:
+            return self._parser(value)
+        if self._one is bool:
+            if isinstance(value, bool):
+                return value
+            word = str(value).strip().lower()
+            if word not in _TRUE | _FALSE:
+                raise typer.BadParameter(f"{value!r} is not a boolean (1 or 0)", ctx, param)
+            return word in _TRUE
+        if self._one is int:
+            try:
+                number = int(value)
+            except (TypeError, ValueError):
+                raise typer.BadParameter(f"{value!r} is not an integer", ctx, param) from None
+            if self._min is not None and number < self._min:
+                raise typer.BadParameter(f"must be at least {self._min}", ctx, param)
+            if self._max is not None and number > self._max:
+                raise typer.BadParameter(f"must be at most {self._max}", ctx, param)
+            return number
+        return str(value)
+
+
+def _coerce_plainly(params: list[Any]) -> None:
+    for param in params:
+        if getattr(param, "_runtime_param", False) is None:
+            param._runtime_param = _Plain.of(param)
+
+
 class _Command(TyperCommand):
     """Help without Python types (``NAME <str>``) and a usage line a user would write."""
 
@@ -103,6 +171,10 @@ class _Command(TyperCommand):
         except _UsageError as error:
             _usage_error_in_one_line(error, getattr(error, "ctx", None))
             raise
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _coerce_plainly(self.get_params(ctx))
+        return super().parse_args(ctx, args)
 
 
 #: Where :class:`_NamesThenCommand` leaves the command after ``--``.
@@ -123,16 +195,19 @@ class _NamesThenCommand(_Command):
         if dashes:
             at = args.index("--")
             args, cmd = args[:at], args[at + 1 :]
-        where = (
-            f"the command goes after --, the names before it "
-            f"({ctx.command_path} NAME [NAME...] [OPTIONS] {CMD_USAGE})"
-        )
+        several = any(p.name == "names" for p in self.params)
+        usage = f"{ctx.command_path} NAME{' [NAME...]' if several else ''} [OPTIONS] {CMD_USAGE}"
+        where = f"the command goes after --, the name{'s' if several else ''} before it ({usage})"
         try:
             rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
         except _UsageError as error:
-            if dashes or type(error).__name__ != "NoSuchOption":
+            if dashes and type(error).__name__ == "MissingParameter":
+                # `run --ttl 1m -- echo hi` must not claim `echo` and run `hi`.
+                raise _UsageError(f"NAME goes before '--': {usage}", ctx) from None
+            if dashes or type(error).__name__ not in ("NoSuchOption", "UsageError"):
                 raise
-            # Without --, an option of the command reads as one of ours (`ls -l`).
+            # Without --, an option of the command reads as one of ours (`ls -l`), and
+            # its words as more arguments than ours.
             said = str(error.format_message())  # type: ignore[attr-defined]
             raise _UsageError(f"{said}; {where}", ctx) from None
         if not cmd and not ctx.resilient_parsing:  # (shell completion parses resiliently)
@@ -157,6 +232,10 @@ class _Group(TyperGroup):
         except _UsageError as error:
             _usage_error_in_one_line(error, getattr(error, "ctx", None))
             raise
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _coerce_plainly(self.get_params(ctx))
+        return super().parse_args(ctx, args)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         try:

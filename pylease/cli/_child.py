@@ -14,6 +14,8 @@ run past it.
 stop goes to the group, and when the child exits, what it left running in the group (a
 shell script's background work) is stopped the same way before the lease is released.
 A process that leaves the group itself (``setsid``, a daemon) is outside this promise.
+The group dies with pylease too, even a pylease killed by SIGKILL: a small watchdog
+(:mod:`pylease.cli._watchdog`) stops it then.
 On a terminal, the child's group takes the foreground while it runs, so an interactive
 command keeps the keyboard (and Ctrl-C reaches it directly).
 
@@ -36,6 +38,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
+
+from pylease.cli._watchdog import group_alive
 
 ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM, signal.SIGWINCH)
@@ -149,16 +153,6 @@ def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(child.pid, signum)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def supervise(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -185,7 +179,7 @@ def supervise(
 
     pending.extend(_early)
     _early.clear()
-    with _handlers(forward):
+    with _handlers(forward), _Watchdog() as watchdog:
         try:
             # A group of its own: a stop reaches the command's children too.
             child = subprocess.Popen(list(argv), env=dict(env), process_group=0)
@@ -198,6 +192,9 @@ def supervise(
         except OSError as exc:
             say(f"{argv[0]}: cannot execute: {exc.strerror or exc}")
             return Outcome(NOT_EXECUTABLE, lost=False)
+        watchdog.guard(child.pid, kill_after)
+        if remaining is not None:
+            remaining = watchdog.told(remaining)
         with _foreground(child.pid):
             for signum in pending:
                 forward(signum, None)
@@ -214,6 +211,72 @@ def supervise(
         return outcome
 
 
+class _Watchdog:
+    """The process that stops the command's group if pylease dies (:mod:`._watchdog`).
+
+    Started before the command, so that no moment of the command's life is unguarded
+    but the one between its start and :meth:`guard`; told ``done`` on the way out only
+    once the group is gone, so that an exception that leaves the command running
+    leaves it to the watchdog.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._until: float | None = None
+
+    def __enter__(self) -> _Watchdog:
+        script = os.path.join(os.path.dirname(__file__), "_watchdog.py")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", script, str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+            )
+        except OSError:
+            self._proc = None  # no watchdog: the command is guarded as before, while we live
+        return self
+
+    def _send(self, line: str) -> None:
+        if self._proc is None or self._proc.stdin is None:
+            return
+        with contextlib.suppress(OSError, ValueError):  # it left: the group is gone
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+
+    def guard(self, pgid: int, kill_after: float) -> None:
+        self._pgid = pgid
+        self._send(f"group {pgid} {kill_after!r}")
+
+    def told(self, remaining: Callable[[], float]) -> Callable[[], float]:
+        """``remaining``, which also tells the watchdog each new local expiry it reads."""
+        from pylease._acompat import monotonic  # the keeper's clock, as the watchdog's
+
+        def read() -> float:
+            left = remaining()
+            until = monotonic() + left
+            if self._until is None or abs(until - self._until) > 0.01:
+                self._until = until
+                self._send(f"until {until!r}")
+            return left
+
+        return read
+
+    def __exit__(self, *exc_info: object) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        gone = self._pgid is None or not group_alive(self._pgid)
+        if gone:
+            self._send("done")
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()  # if the group runs on, the watchdog stops it now
+        if gone:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+
 def _stop_leftovers(
     pgid: int,
     argv: Sequence[str],
@@ -224,13 +287,13 @@ def _stop_leftovers(
 ) -> None:
     """Stop what the command left running in its group (SIGTERM, then SIGKILL after
     ``kill_after`` or at the local expiry), before the lease is released."""
-    if not _group_alive(pgid):
+    if not group_alive(pgid):
         return
     say(f"{argv[0]} exited, leaving processes of its group running; sending them SIGTERM")
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     end = time.monotonic() + kill_after
-    while _group_alive(pgid):
+    while group_alive(pgid):
         left = end - time.monotonic()
         if remaining is not None:
             left = min(left, remaining())

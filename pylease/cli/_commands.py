@@ -32,6 +32,7 @@ from pylease.cli._options import (
     KeptMaxPermitsOption,
     NameArg,
     PermitsOption,
+    RequireDsnOption,
     SchemaOption,
     TtlOption,
     VerboseOption,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 @command()
 def migrate(
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: Annotated[
         str | None,
         typer.Option(
@@ -69,7 +71,7 @@ def migrate(
     Example: pylease migrate --dsn postgresql://app@db/app
     """
     with at_edge(verbose) as edge:
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         if store.sqlite:
             path = sqlite_module().path_of(store.url)
             existed = path.exists()
@@ -108,6 +110,7 @@ def claim(
         typer.Option("--quiet", "-q", help="No busy line on stderr (the exit code still says)."),
     ] = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -122,7 +125,7 @@ def claim(
         key("name", name)
         count = permits_wanted([name], max_permits, permits)
         holder = key("holder", holder) if holder is not None else default_holder()
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         opts = lease_options(name, ttl, holder, wait)
         if count is not None:
             assert max_permits is not None
@@ -232,6 +235,7 @@ def renew(
     ] = None,
     max_permits: KeptMaxPermitsOption = None,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -245,7 +249,7 @@ def renew(
     with at_edge(verbose) as edge:
         key("name", name)
         key("holder", holder)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease renew") as (backend, _conn):
             if max_permits is None:
                 renewed = backend.renew(name, holder, ttl)
@@ -273,6 +277,7 @@ def release(
     ] = None,
     max_permits: KeptMaxPermitsOption = None,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -287,7 +292,7 @@ def release(
         key("name", name)
         key("holder", holder)
         permits_wanted([name], max_permits, None, min_hold)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease release") as (backend, _conn):
             if max_permits is None:
                 released = backend.release(name, holder, min_hold)
@@ -324,6 +329,7 @@ def steal(
         ),
     ] = timedelta(0),
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -337,7 +343,7 @@ def steal(
     with at_edge(verbose) as edge:
         key("name", name)
         key("holder", holder)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease steal") as (backend, conn):
             fence = backend.steal(name, ttl, holder, older_than)
             row = next(iter(backend.status(name)), None) if fence is None else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,7 +42,7 @@ class Store:
     def describe(self) -> str:
         kind = "the SQLite file" if self.sqlite else "PostgreSQL at"
         if self.source == "default":
-            why = "the embedded default: none of --dsn, PYLEASE_DSN, DATABASE_URL is set"
+            why = f"the embedded default: none of {NO_DSN} is set"
         else:
             why = f"from {self.source}"
         schema = f", schema {self.schema}" if self.schema else ""
@@ -61,19 +62,29 @@ def _schema(explicit: str | None) -> tuple[str | None, str]:
     return (value, dsn_mod.SCHEMA_VAR) if value else (None, "")
 
 
-def find_store(explicit: str | None, schema_option: str | None = None) -> Store:
+def find_store(
+    explicit: str | None, schema_option: str | None = None, require_dsn: bool = False
+) -> Store:
+    """The database of a command: ``--dsn``, ``PYLEASE_DSN``, ``DATABASE_URL``, else the
+    embedded default, which is said on stderr (it may be a mistake) unless stderr is a
+    terminal, and refused with ``require_dsn``."""
     found = dsn_mod.find(explicit)
     schema, schema_source = _schema(schema_option)
     if found.value is None:
-        path = dsn_mod.default_sqlite_path()
         hints = [v for v in dsn_mod.LIBPQ_HINTS if os.environ.get(v)]
-        notes: tuple[str, ...] = ()
+        notes = tuple(dsn_mod.misspelled())
         if hints:
-            notes = (
+            notes += (
                 f"{', '.join(hints)} {'is' if len(hints) == 1 else 'are'} set, but libpq "
                 "variables only fill in a postgresql:// URL: PYLEASE_DSN=postgresql:// "
                 "uses them",
             )
+        if require_dsn:
+            raise fail(
+                f"no database given ({NO_DSN}) and one is required (--require-dsn or "
+                "PYLEASE_REQUIRE_DSN)" + "".join(f"; {n}" for n in notes)
+            )
+        path = dsn_mod.default_sqlite_path()
         store = Store(
             f"sqlite:///{path}",
             str(path),
@@ -109,7 +120,25 @@ def find_store(explicit: str | None, schema_option: str | None = None) -> Store:
         raise fail(message, EXIT_USAGE if schema_source == "--schema" else EXIT_CONFIG)
     if is_verbose():
         say(store.describe())
+    elif store.default_file is not None and not _on_terminal(sys.stderr):
+        # A cron job or a fleet's service with a lost or misspelled DSN must not run
+        # "once per host" on files of their own unnoticed, even with --quiet.
+        say(
+            f"no database given ({NO_DSN}): using this user's SQLite file "
+            f"{store.shown} (--require-dsn makes this an error)"
+            + "".join(f"; {n}" for n in store.notes)
+        )
     return store
+
+
+NO_DSN = "--dsn, PYLEASE_DSN, DATABASE_URL"
+
+
+def _on_terminal(stream: Any) -> bool:
+    try:
+        return stream is not None and bool(stream.isatty())
+    except (OSError, ValueError):
+        return False
 
 
 def sqlite_module() -> Any:

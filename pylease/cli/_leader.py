@@ -18,16 +18,16 @@ import typer
 
 from pylease import durations
 from pylease._claims import default_holder
-from pylease.cli._app import command
+from pylease.cli._app import command, command_of
 from pylease.cli._database import find_store
 from pylease.cli._edge import at_edge, key
 from pylease.cli._options import (
     KILL_AFTER,
-    CmdArg,
     DsnOption,
     KillAfterOption,
     OwnHolderOption,
     QuietOption,
+    RequireDsnOption,
     SchemaOption,
     VerboseOption,
     duration,
@@ -49,12 +49,12 @@ EPILOG = (
 )
 
 
-@command(name="leader", epilog=EPILOG)
+@command(name="leader", names_then_command=True, epilog=EPILOG)
 def leader(
+    ctx: typer.Context,
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="The election's name.", show_default=False)
     ],
-    cmd: CmdArg,
     ttl: Annotated[
         timedelta,
         typer.Option(
@@ -78,6 +78,7 @@ def leader(
     kill_after: KillAfterOption = KILL_AFTER,
     quiet: QuietOption = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -104,9 +105,10 @@ def leader(
             self.busy(row)
 
     with at_edge(verbose) as edge:
+        cmd = command_of(ctx)
         key("name", name)
         holder = key("holder", holder) if holder is not None else default_holder()
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
 
         def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
             campaign = Campaign(

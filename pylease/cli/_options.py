@@ -48,6 +48,16 @@ DsnOption = Annotated[
         show_default=False,
     ),
 ]
+RequireDsnOption = Annotated[
+    bool,
+    typer.Option(
+        "--require-dsn",
+        envvar="PYLEASE_REQUIRE_DSN",
+        help="Fail (exit 3) rather than use the embedded SQLite file when no database is "
+        "given (--dsn, $PYLEASE_DSN, $DATABASE_URL); also PYLEASE_REQUIRE_DSN=1.",
+        show_envvar=False,
+    ),
+]
 SchemaOption = Annotated[
     str | None,
     typer.Option(

@@ -19,7 +19,14 @@ from pylease.cli import _render
 from pylease.cli._app import command
 from pylease.cli._database import connect, find_store, server_now
 from pylease.cli._edge import EXIT_USAGE, at_edge, fail, key
-from pylease.cli._options import DsnOption, NameArg, SchemaOption, VerboseOption, width
+from pylease.cli._options import (
+    DsnOption,
+    NameArg,
+    RequireDsnOption,
+    SchemaOption,
+    VerboseOption,
+    width,
+)
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,7 @@ def permits(
         bool, typer.Option("--wide", help="Show holders whole, whatever the terminal's width.")
     ] = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -178,7 +186,7 @@ def permits(
     """
     with at_edge(verbose) as edge:
         key("name", name)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease permits") as (backend, conn):
             sem = next(iter(semaphores(backend.permit_status(name))), None)
             lease = sem is None and bool(backend.status(name))

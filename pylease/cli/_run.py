@@ -31,6 +31,7 @@ from pylease.cli._options import (
     OwnHolderOption,
     PermitsOption,
     QuietOption,
+    RequireDsnOption,
     SchemaOption,
     TtlOption,
     VerboseOption,
@@ -98,6 +99,7 @@ def run(
     kill_after: KillAfterOption = KILL_AFTER,
     quiet: QuietOption = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -130,7 +132,7 @@ def run(
         if len(names) > 1 and min_hold is not None:
             raise fail("--min-hold is for one lease, not for several names", EXIT_USAGE)
         holder = key("holder", holder) if holder is not None else default_holder()
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         opts = lease_options(names[0], ttl, holder, wait, min_hold)
 
         def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:

@@ -18,6 +18,7 @@ from pylease.cli._edge import EXIT_CONFIG, EXIT_USAGE, at_edge, fail, first_line
 from pylease.cli._options import (
     DsnOption,
     PrefixOption,
+    RequireDsnOption,
     SchemaOption,
     VerboseOption,
     duration,
@@ -43,6 +44,7 @@ def status(
     ] = False,
     prefix: PrefixOption = None,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -62,7 +64,7 @@ def status(
                 raise fail("give NAME or --prefix, not both", EXIT_USAGE)
         if prefix:
             key("prefix", prefix)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         if watch:
             if as_json:
                 raise fail("--watch draws a table; leave out --json", EXIT_USAGE)
@@ -177,6 +179,7 @@ def history(
     ] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Show holders whole.")] = False,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -188,7 +191,7 @@ def history(
     with at_edge(verbose) as edge:
         if name is not None:
             key("name", name)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease history") as (backend, conn):
             now = server_now(store, conn)
             # A span back from the database's own now: one clock.
@@ -229,6 +232,7 @@ def prune(
         ),
     ],
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -240,7 +244,7 @@ def prune(
     Example: pylease prune --idle-for 30d
     """
     with at_edge(verbose) as edge:
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease prune") as (backend, _conn):
             removed = backend.prune(idle_for)
         typer.echo(f"removed {removed} name{'' if removed == 1 else 's'}")
@@ -259,6 +263,7 @@ def prune_history(
         ),
     ],
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -267,7 +272,7 @@ def prune_history(
     Example: pylease prune-history --older-than 90d
     """
     with at_edge(verbose) as edge:
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease prune-history") as (backend, _conn):
             removed = backend.prune_history(older_than)
         typer.echo(f"removed {removed} event{'' if removed == 1 else 's'}")
@@ -323,6 +328,7 @@ def metrics(
         ),
     ] = MAX_NAMES,
     dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
     schema: SchemaOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -338,12 +344,12 @@ def metrics(
         address = _listen_address(listen) if listen is not None else None
         if prefix:
             key("prefix", prefix)
-        edge.store = store = find_store(dsn, schema)
+        edge.store = store = find_store(dsn, schema, require_dsn)
         try:
             from pylease.cli import _metrics
         except ImportError:
             raise fail(
-                "pylease metrics needs prometheus-client: pip install 'pylease[metrics]'",
+                "pylease metrics needs prometheus-client: pip install 'pylease-pg[metrics]'",
                 EXIT_CONFIG,
             ) from None
 

@@ -94,8 +94,6 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
     :raises DatabaseUnavailable: another writer held the file for longer than the
         busy timeout, or the file is not a SQLite database.
     """
-    from yoyo.migrations import get_migration_hash
-
     migrations = _migrations()
     wanted = {migration_id for migration_id, _ in migrations}
     where = _where(conn)
@@ -103,6 +101,9 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
     with lock, _errors(None, where):
         if wanted <= _applied(conn):
             return []
+        # Here, not at the top: a file already migrated opens without loading yoyo.
+        from yoyo.migrations import get_migration_hash
+
         conn.execute("BEGIN IMMEDIATE")
         try:
             for ddl in _YOYO_TABLES:

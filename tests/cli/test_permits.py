@@ -317,7 +317,7 @@ def test_run_without_double_dash_is_a_usage_error_that_says_where_it_goes(db: Db
 
     no_name = cli("run", "--ttl", "1m", "--dsn", db.url, "--", "echo", "hi")
     assert no_name.exit_code == 2
-    assert "Missing argument 'NAME [NAME...]'" in no_name.stderr
+    assert "NAME goes before '--'" in no_name.stderr
     assert db.backend().status() == []
 
 

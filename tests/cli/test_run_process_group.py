@@ -8,6 +8,8 @@ command, not kill pylease (issue 21, items 1 and 2).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -136,3 +138,75 @@ def test_other_signals_reach_the_command_and_do_not_kill_run(
     code, err = finish(proc)
     assert code == 0, err
     assert status(url, "job")["held"] is False
+
+
+# The command's shell and its background work, with both pids in the pidfile.
+SHELL_AND_WORK = 'sleep 300 & echo "$$ $!" > "$0"; echo ready >> "$1"; wait'
+
+
+def pids(pidfile: Path) -> list[int]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        words = pidfile.read_text().split() if pidfile.exists() else []
+        if len(words) == 2:
+            return [int(w) for w in words]
+        time.sleep(0.02)
+    raise AssertionError("the command never started its background work")
+
+
+def watchdogs_of(pid: int) -> list[int]:
+    """The pids of processes still running ``pylease.cli._watchdog`` for ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = any(a.endswith(b"_watchdog.py") for a in argv) and str(pid).encode() in argv
+        if ours and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.mark.parametrize("command", ["run", "leader"])
+def test_a_sigkilled_pylease_takes_its_commands_group_with_it(
+    url: str, tmp_path: Path, started: list[subprocess.Popen[str]], command: str
+) -> None:
+    # The OOM killer's SIGKILL: pylease runs no code, yet nothing of the command remains.
+    pidfile, out = tmp_path / "pids", tmp_path / "out"
+    proc = start(
+        started, command, "job", "--ttl", "1m", "--dsn", url, "--",
+        "sh", "-c", SHELL_AND_WORK, str(pidfile), str(out),
+    )  # fmt: skip
+    wait_for(out, "ready", proc)
+    command_pids = pids(pidfile)
+    proc.kill()
+    proc.wait(timeout=30)
+    try:
+        assert gone_within(command_pids, 60) == [], "the command outlived a SIGKILLed pylease"
+        assert gone_within(watchdogs_of(proc.pid), 30) == [], "the watchdog outlived its work"
+    finally:
+        for pid in command_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_watchdog_ends_with_pylease(url: str, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pylease", "run", "job", "--ttl", "1m", "--dsn", url, "--",
+         "sh", "-c", "sleep 0.5"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert watchdogs_of(proc.pid) == []
+    assert err == ""

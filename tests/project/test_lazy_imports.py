@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +33,33 @@ def test_the_public_names_are_there_when_asked_for() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
     )
     assert result.stdout.strip() == "ok", result.stderr
+
+
+COMMAND = """
+import sys
+from pathlib import Path
+from pylease.cli import main
+sys.argv = ["pylease", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("loaded:", *(m for m in ("pydantic", "yoyo", "psycopg", "asyncio") if m in sys.modules))
+"""
+
+
+def test_commands_load_neither_pydantic_nor_yoyo_where_they_need_neither(tmp_path: Path) -> None:
+    # typer coerces values through pydantic, whose import costs a command more than all
+    # the rest of its start-up; an already migrated SQLite file needs no yoyo.
+    url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
+    run = ["run", "job", "--ttl", "1m", "--busy-exit", "0", "--dsn", url, "--", "true"]
+    loaded = {}
+    for args in (["--help"], run, run, ["status", "--dsn", url]):
+        result = subprocess.run(
+            [sys.executable, "-c", COMMAND, *args], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        loaded[args[0]] = result.stdout.rsplit("loaded:", 1)[1].split()
+    assert loaded["--help"] == []
+    assert "pydantic" not in loaded["run"] and "yoyo" not in loaded["run"]
+    assert "pydantic" not in loaded["status"]
