@@ -85,6 +85,19 @@ def own(names: tuple[str, ...], holder: str, database: Hashable) -> None:
             _live.setdefault(name, {})[holder] = mark
 
 
+def disown(names: tuple[str, ...], holder: str) -> None:
+    """The block of these claims is gone (its Held was collected): a claim of the names
+    is no longer nested in it, though the lease stays recorded until it is given back.
+
+    A finalizer's: it may run on a thread that holds the lock, so it never waits for it;
+    replacing the value of a present key is atomic without it.
+    """
+    for name in names:
+        claims = _live.get(name)
+        if claims is not None and holder in claims:
+            claims[holder] = None
+
+
 def leave_all(names: tuple[str, ...], holder: str) -> None:
     for name in names:
         leave(name, holder)

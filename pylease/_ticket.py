@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from pylease import _log
+from pylease import _claims, _log
 from pylease._acompat import monotonic
 from pylease.errors import LeaseLost
 
@@ -181,6 +181,7 @@ def abandon(ticket: Ticket) -> None:
 
     A finalizer: it may run on any thread, in the middle of anything.
     """
+    _claims.disown(ticket.names or (ticket.name,), ticket.holder)
     if ticket.keeper is None or inherited(ticket):
         ticket.abandoned = True
         return
