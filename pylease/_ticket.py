@@ -150,6 +150,9 @@ class Ticket:
         if self.lost is not None:
             return None
         self.lost = LeaseLost(self.name, reason)
+        # The process no longer holds it: a claim of the name in its block is no longer
+        # one that would wait for itself (contract 5.6 is about a lease held here).
+        _claims.disown(self.names or (self.name,), self.holder)
         return self.lost
 
     def error(self) -> LeaseLost | None:
