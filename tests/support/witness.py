@@ -160,7 +160,9 @@ class Witness:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
+        text = self.path.read_text()
+        # A reader can see a writer's line half copied in; only whole lines are records.
+        for line in text[: text.rfind("\n") + 1].splitlines():
             if not line.strip():
                 continue
             raw = json.loads(line)
