@@ -321,10 +321,11 @@ def bench_contention(ctx: Context) -> Section:
 
 
 def _claims(conn: psycopg.Connection[Any]) -> int:
-    """lease_claim calls in this database so far, as the statistics have them."""
+    """lease_claim calls in this database so far, as the statistics have them: its body's,
+    pylease_claim (lease_claim is an SQL function inlined into the caller's statement)."""
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
-        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'lease_claim'"
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'pylease_claim'"
     ).fetchone()
     return int(row[0]) if row else 0
 

@@ -237,9 +237,10 @@ def _connections(conn: psycopg.Connection[Any], since: Any) -> int:
 
 
 def _claims(conn: psycopg.Connection[Any]) -> int:
+    """lease_claim calls so far: its body's, pylease_claim (lease_claim is inlined)."""
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
-        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'lease_claim'"
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'pylease_claim'"
     ).fetchone()
     return int(row[0]) if row else 0
 

@@ -32,6 +32,8 @@ CLAIM_COUNTERS = re.compile(
     r",\s*grants\s*=\s*l\.grants \+ 1,\s*takeovers\s*=\s*l\.takeovers \+ CASE WHEN s_freed"
     r" THEN 0 ELSE 1 END"
 )
+# lease_claim's three arguments: the body's new_tenure is false for it.
+CLAIM_ARGS = ("new_tenure boolean)", "new_tenure boolean DEFAULT false)")
 RELEASE_COUNTERS = re.compile(r",\s*releases\s*=\s*l\.releases \+ 1")
 # The guards the contract asks of every function, taken out for the "bare" copies: the
 # pinned search_path of SECURITY DEFINER, the claim's bounded wait for a fenced
@@ -111,16 +113,20 @@ def _variant(source: str, function: str, copy: str, edits: list[tuple[Any, str]]
 
 
 def install_variants(conn: psycopg.Connection[Any]) -> None:
-    """The bench's copies of lease_claim and lease_release, each with one part taken out."""
-    claim = _definition(conn, "lease_claim(text, interval, text)")
+    """The bench's copies of lease_claim and lease_release, each with one part taken out.
+
+    lease_claim's body is pylease_claim (migration 0012; lease_claim is an SQL function
+    inlined into its caller's statement): its copies take lease_claim's three arguments.
+    """
+    claim = _definition(conn, "pylease_claim(text, interval, text, boolean)")
     release = _definition(conn, "lease_release(text, text, interval)")
     for text in (
-        _variant(claim, "lease_claim", "bench_claim_nofloor", [(FLOOR_EXPR, "1")]),
+        _variant(claim, "pylease_claim", "bench_claim_nofloor", [CLAIM_ARGS, (FLOOR_EXPR, "1")]),
         _variant(
             claim,
-            "lease_claim",
+            "pylease_claim",
             "bench_claim_plain",
-            [(CLAIM_COUNTERS, ""), (HISTORY_READ, "NULL::text")],
+            [CLAIM_ARGS, (CLAIM_COUNTERS, ""), (HISTORY_READ, "NULL::text")],
         ),
         _variant(
             release,
@@ -128,7 +134,7 @@ def install_variants(conn: psycopg.Connection[Any]) -> None:
             "bench_release_plain",
             [(RELEASE_COUNTERS, ""), (HISTORY_READ, "NULL::text")],
         ),
-        _variant(claim, "lease_claim", "bench_claim_bare", CLAIM_GUARDS),
+        _variant(claim, "pylease_claim", "bench_claim_bare", [CLAIM_ARGS, *CLAIM_GUARDS]),
         _variant(release, "lease_release", "bench_release_bare", RELEASE_GUARDS),
     ):
         conn.execute(text)

@@ -130,7 +130,9 @@ verify fail reclaim-earlier      belief     -DSLOW=0 -DHELPER=1 -DMUT_RECLAIM_EA
 verify fail no-drift-margin      belief     -DSLOW=1 -DMUT_NO_DRIFT_MARGIN
 verify fail release-any-holder   belief     -DSLOW=0 -DBLOCKS0=2 -DMUT_RELEASE_ANY_HOLDER
 verify fail release-no-fence     belief     -DSLOW=0 -DBLOCKS0=2 -DMUT_RELEASE_NO_FENCE
-verify fail late-answer-revives  belief     -DSLOW=0 -DMUT_LATE_ANSWER_REVIVES
+# A late renewal's answer: either rule alone keeps the promise (the answer revives no
+# belief; the renewal names its tenure), so only both removed are caught.
+verify fail late-answer-revives  belief     -DSLOW=0 -DMUT_LATE_ANSWER_REVIVES -DMUT_RENEW_NO_FENCE
 verify fail holds-without-lock   fenced     -DSLOW=0 -DWRITES=1 -DMUT_HOLDS_NOLOCK
 verify fail no-timeline-floor    fence_once -DSLOW=0 -DFAILOVER=2 -DMUT_NO_TIMELINE_FLOOR
 # Permits and several names (issue 24).
@@ -141,8 +143,9 @@ verify fail claim-all-one-by-one   all_or_nothing -DSLOW=0 -DNAMES=2 -DMUT_CLAIM
 verify fail claim-all-caller-order no_deadlock    -DSLOW=0 -DNAMES=1 -DMUT_CLAIM_ALL_CALLER_ORDER
 
 # Gaps: the code as it is, unsafe in the model (docs/model.md, "A gap"). An explicit
-# holder reused by a later block (or by another process) continues the earlier tenure,
-# and that tenure's release, matched on the holder alone, frees it under the later one.
+# holder reused by a later block (or by another process) gets a new tenure once the
+# earlier one expired, and that earlier tenure's late release, matched on the holder
+# alone, frees it under the later one.
 verify gap  permits-reused-holder  all            -DSLOW=0 -DPERMITS=1 -DBLOCKS0=2
 verify gap  names-reused-holder    all            -DSLOW=0 -DNAMES=2 -DBLOCKS0=2
 

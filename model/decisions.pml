@@ -19,7 +19,7 @@
 
 #define NOW 10   /* the table's moment, in ticks */
 #define N_STATES 9
-#define N_OPS    11
+#define N_OPS    13
 
 byte out, acq, granted;
 bool ok;
@@ -71,15 +71,17 @@ inline apply(o) {
     if
     :: o == 0  -> printf("\tclaim(me,ttl=6)\t");        lease_claim(ME, LONG, out, acq); say_fence(out)
     :: o == 1  -> printf("\tclaim(me,ttl=2)\t");        lease_claim(ME, SHORT, out, acq); say_fence(out)
-    :: o == 2  -> printf("\trenew(me)\t");              lease_renew(ME, 0, ok, granted); say_bool(ok)
-    :: o == 3  -> printf("\trenew(me,ttl=2)\t");        lease_renew(ME, SHORT, ok, granted); say_bool(ok)
-    :: o == 4  -> printf("\trenew(me,ttl=9)\t");        lease_renew(ME, LONGER, ok, granted); say_bool(ok)
+    :: o == 2  -> printf("\trenew(me)\t");              lease_renew(ME, 0, 0, ok, granted); say_bool(ok)
+    :: o == 3  -> printf("\trenew(me,ttl=2)\t");        lease_renew(ME, SHORT, 0, ok, granted); say_bool(ok)
+    :: o == 4  -> printf("\trenew(me,ttl=9)\t");        lease_renew(ME, LONGER, 0, ok, granted); say_bool(ok)
     :: o == 5  -> printf("\trelease(me)\t");            lease_release(ME, 0, 0, ok); say_bool(ok)
     :: o == 6  -> printf("\trelease(me,min_hold=6)\t"); lease_release(ME, MIN_HOLD, 0, ok); say_bool(ok)
     :: o == 7  -> printf("\trelease(me,fence=5)\t");    lease_release(ME, 0, 5, ok); say_bool(ok)
     :: o == 8  -> printf("\trelease(me,fence=4)\t");    lease_release(ME, 0, 4, ok); say_bool(ok)
     :: o == 9  -> printf("\tsteal(me,ttl=6)\t");        lease_steal(ME, LONG, out); say_fence(out)
     :: o == 10 -> printf("\tholds(me,fence=5)\t");      lease_holds(ME, 5, ok); say_bool(ok)
+    :: o == 11 -> printf("\trenew(me,fence=5)\t");      lease_renew(ME, 0, 5, ok, granted); say_bool(ok)
+    :: o == 12 -> printf("\trenew(me,fence=4)\t");      lease_renew(ME, 0, 4, ok, granted); say_bool(ok)
     fi
 }
 

@@ -14,8 +14,8 @@
  * permits and fence_grows; with NAMES, all_or_nothing, no_deadlock and fence_grows.
  * Configuration and mutants are -D macros; see check.sh and docs/model.md. Mutants
  * here: MUT_BELIEF_FROM_ARRIVAL, MUT_NO_DRIFT_MARGIN (issue 21 item 18),
- * MUT_LATE_ANSWER_REVIVES, MUT_RELEASE_NO_FENCE (item 17, with sql.pml's); the SQL's
- * are listed in sql.pml and sql_permits.pml.
+ * MUT_LATE_ANSWER_REVIVES with MUT_RENEW_NO_FENCE, MUT_RELEASE_NO_FENCE (item 17, with
+ * sql.pml's); the SQL's are listed in sql.pml and sql_permits.pml.
  */
 
 /* ---- Configuration (override with -D) ------------------------------------------- */
@@ -274,6 +274,17 @@ inline unlock(i) {
 #define LATE_ANSWER(c) (el[c] <= MARGIN)
 #endif
 
+/* The keeper's renewal names its tenure (migration 0012): a renewal of one tenure
+   never renews a later tenure of the same holder, so its answer cannot revive a belief
+   either. Each of the two rules alone keeps the promise; MUT_RENEW_NO_FENCE is the
+   renewal before 0012 (the holder alone), caught only together with
+   MUT_LATE_ANSWER_REVIVES. */
+#ifdef MUT_RENEW_NO_FENCE
+#define RENEW_FENCE(c) 0
+#else
+#define RENEW_FENCE(c) fen[c]
+#endif
+
 #if defined(MUT_RELEASE_NO_FENCE) || KINDS
 /* Permits and several names are claimed by permit_claim and lease_claim_all, which
    continue a tenure of the holder (contract 5.1, 5.3): nothing is refused. */
@@ -355,14 +366,14 @@ inline next_block(c) {
 #define SAYS_CLAIM_AGAIN "client %d: acquire() sends its claim again\n"
 #define SAYS_GRANT "client %d: acquire() granted fences %d %d, believes %d ticks\n"
 #define GRANT_ARGS(c) fen[c], fb[c]
-#define SAYS_RENEW "client %d: keeper sends lease_renew_each\n"
+#define SAYS_RENEW "client %d: keeper sends pylease_renew_held (names)\n"
 #define SAYS_RELEASE "client %d: block ends, sends its release (fence %d)\n"
 #else
 #define SAYS_CLAIM "client %d: lease() sends lease_claim (holder %d)\n"
 #define SAYS_CLAIM_AGAIN "client %d: acquire() sends lease_claim again\n"
 #define SAYS_GRANT "client %d: acquire() granted fence %d, believes %d ticks\n"
 #define GRANT_ARGS(c) fen[c]
-#define SAYS_RENEW "client %d: keeper sends lease_renew_each\n"
+#define SAYS_RENEW "client %d: keeper sends pylease_renew_held (its fence)\n"
 #define SAYS_RELEASE "client %d: block ends, sends lease_release(fence %d)\n"
 #endif
 
@@ -410,10 +421,11 @@ end:
     /* acquire(): the wait is over: LeaseBusy */
     :: d_step { st[c] == CLAIMING && aw[c] == NOSLOT ->
         next_block(c); printf("client %d: acquire() gives up: LeaseBusy\n", c) }
-    /* keeper _renew(): one tick sends lease_renew_each with the lease's own ttl */
+    /* keeper _renew(): one tick sends pylease_renew_held with the lease's own ttl and
+       the fence of its tenure (permits and names: see sql_permits.pml) */
     :: d_step { c < KEEPERS && st[c] == HELD && !lost[c] && el[c] <= RENEW_AT && el[c] > KEEPER_MARGIN &&
                 aw[c] == NOSLOT && FREE_SLOT(c) ->
-        send(c, OP_RENEW, 0);
+        send(c, OP_RENEW, RENEW_FENCE(c));
         printf(SAYS_RENEW, c) }
     /* keeper _renew(): the answer; Ticket.renewed(sent_at, granted) or the loss */
     :: d_step { st[c] == HELD && aw[c] != NOSLOT && rdone[c] ->
@@ -565,7 +577,7 @@ inline run_request(i) {
         ANSWER(i, out)
     :: rop[i] == OP_RENEW ->
         renew_names(rh[i], ROWS_OF(i), TTL, ok, granted);
-        printf("server: lease_renew_each(holder %d, names %d) = %d, granted %d\n", rh[i], ROWS_OF(i), ok, granted);
+        printf("server: pylease_renew_held(holder %d, names %d) = %d, granted %d\n", rh[i], ROWS_OF(i), ok, granted);
         ANSWER(i, ok);
         if
         :: aw[i / SLOTS] == i -> rgr[i / SLOTS] = granted
@@ -683,8 +695,8 @@ inline run_request(i) {
         :: else -> skip
         fi
     :: rop[i] == OP_RENEW ->
-        lease_renew(rh[i], TTL, ok, granted); SYNC_COMMIT;
-        printf("server: lease_renew_each(holder %d) = %d, granted %d\n", rh[i], ok, granted);
+        lease_renew(rh[i], TTL, rf[i], ok, granted); SYNC_COMMIT;
+        printf("server: pylease_renew_held(holder %d, fence %d) = %d, granted %d\n", rh[i], rf[i], ok, granted);
         if
         :: aw[i / SLOTS] == i -> rdone[i / SLOTS] = 1; rval[i / SLOTS] = ok; rgr[i / SLOTS] = granted
         :: else -> skip
@@ -747,7 +759,7 @@ end:
 #if HELPER > 0
     /* keep_fresh(target, name, holder, ttl=short) / `pylease renew --ttl` */
     :: d_step { helps < HELPER ->
-        helps++; lease_renew(1, SHORT_TTL, ok, granted); SYNC_COMMIT;
+        helps++; lease_renew(1, SHORT_TTL, 0, ok, granted); SYNC_COMMIT;
         printf("helper: lease_renew(holder 1, short ttl) = %d\n", ok); ok = 0; granted = 0 }
     /* `pylease claim NAME --holder $PYLEASE_HOLDER --ttl short` inside `pylease run` */
     :: d_step { helps < HELPER ->

@@ -124,11 +124,13 @@ inline lease_claim(h, t, out, acq) {
     acq = row.age
 }
 
-/* lease_renew_each / lease_renew for one lease: ok, and the span the server granted
-   from its own clock (expires_at - server_time); t == 0 is a NULL ttl. */
-inline lease_renew(h, t, ok, granted) {
+/* pylease_renew_held / lease_renew(name, holder, ttl[, fence]) for one lease: ok, and
+   the span the server granted from its own clock (expires_at - server_time); t == 0 is
+   a NULL ttl, f == 0 a NULL fence (any tenure of the holder; a renewal that names its
+   tenure renews only that one, migration 0012). */
+inline lease_renew(h, t, f, ok, granted) {
     if
-    :: row.exists && row.holder == h && !row.released ->
+    :: row.exists && row.holder == h && !row.released && (f == 0 || row.fence == f) ->
         if
         :: t != 0 -> row.ttl = t
         :: else -> skip

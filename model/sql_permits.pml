@@ -14,9 +14,14 @@
  * MUT_PERMIT_TAKE_HELD, MUT_PERMIT_RELEASE_RESETS, MUT_CLAIM_ALL_NO_RECHECK,
  * MUT_CLAIM_ALL_ONE_BY_ONE, MUT_CLAIM_ALL_CALLER_ORDER.
  *
- * REUSE_FIX (-D): what permits would need for a holder the caller chose and reuses
- * (docs/model.md, "A finding"): a claim that never continues that holder's tenure (as
- * lease_claim_new) and a release matched on the fence (as lease_release's).
+ * A holder the caller chose is claimed a new tenure of permits (permit_claim_new,
+ * migration 0012), as a lease's (lease_claim_new): busy while its slot is unexpired, a
+ * new fence after. CLAIM_CONTINUES (-D) is the claim before 0012, which continued it.
+ * REUSE_FIX (-D): what permits still need for a holder the caller chose and reuses
+ * (docs/model.md, "A gap"): a release matched on the fence (as lease_release's). The
+ * renewals here match the holder (the keeper's name the slot and its fence since 0012:
+ * not modelled), and lease_claim_all continues a tenure of the holder (the code's
+ * lease_claim_all_new does not, since 0012: not modelled).
  */
 
 #if PERMITS
@@ -77,7 +82,7 @@ inline permit_claim(h, t, out, sl) {
     :: else -> break
     od;
     if
-#ifdef REUSE_FIX
+#ifndef CLAIM_CONTINUES
     :: ri < NR && tab[ri].left > 0 -> skip   /* this holder's, unexpired: busy */
     :: ri < NR && tab[ri].left == 0 ->
         /* this holder's, expired: taken over with a new fence */
@@ -134,7 +139,7 @@ inline permit_renew(h, t, ok, granted) {
     ri = 0;
     do
     :: ok && ri < NR && HOLDS_ROW(ri, h) ->
-        load(ri); lease_renew(h, t, rk, rn); store();
+        load(ri); lease_renew(h, t, 0, rk, rn); store();
         granted = (granted == 0 -> rn : (rn < granted -> rn : granted)); ri++
     :: ok && ri < NR && !HOLDS_ROW(ri, h) -> ri++
     :: else -> break
@@ -214,7 +219,7 @@ inline renew_names(h, which, t, ok, granted) {
     ok = 1; granted = 0; ri = 0;
     do
     :: ri < NR && ((which >> ri) & 1) ->
-        load(ri); lease_renew(h, t, rk, rn); store();
+        load(ri); lease_renew(h, t, 0, rk, rn); store();
         ok = ok && rk;
         granted = (granted == 0 -> rn : (rn < granted -> rn : granted)); ri++
     :: ri < NR && !((which >> ri) & 1) -> ri++

@@ -81,6 +81,22 @@ def to_thread(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
+async def alock_within(lock: asyncio.Lock, timeout: float) -> bool:
+    """Take ``lock``, waiting at most ``timeout`` seconds; False if it was not taken."""
+    if not lock.locked():
+        await lock.acquire()  # free: taken at once, without a task to time it
+        return True
+    try:
+        await asyncio.wait_for(lock.acquire(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+def lock_within(lock: threading.Lock, timeout: float) -> bool:
+    return lock.acquire(timeout=timeout)
+
+
 async def acondition_wait(cond: asyncio.Condition, timeout: float) -> bool:
     """Wait on ``cond`` (held) up to ``timeout`` seconds; False on timeout."""
     try:

@@ -21,6 +21,7 @@ from pylease import _checks
 from pylease._operations import (
     CLAIM,
     CLAIM_ALL,
+    CLAIM_ALL_NEW,
     CLAIM_NEW,
     CLAIM_QUEUED,
     CLAIM_QUEUED_LOOKING,
@@ -37,6 +38,7 @@ from pylease._operations import (
     MEMBER_HOLDS,
     NEW_TENURE,
     PERMIT_CLAIM,
+    PERMIT_CLAIM_NEW,
     PERMIT_HOLDS,
     PERMIT_RELEASE,
     PERMIT_RENEW,
@@ -51,6 +53,7 @@ from pylease._operations import (
     RENEW,
     RENEW_EACH,
     RENEW_HELD,
+    RENEW_HELD_ANY,
     RENEW_MANY,
     STATUS,
     STATUS_PAGE,
@@ -149,17 +152,45 @@ class Backend:
         names: Sequence[str],
         holders: Sequence[str],
         ttls: Sequence[timedelta | None],
+        fences: Sequence[int | None] | None = None,
+        slots: Sequence[int | None] | None = None,
     ) -> list[Renewal]:
         """The keeper's renewal across kinds, in one statement: element i is a lease
         (``kinds[i] == "lease"``) or a holder's slots of a semaphore (``"permit"``),
-        renewed with its own ttl (None: its last one); one Renewal per element, in order.
+        renewed with its own ttl (None: its last one), only in the tenure ``fences[i]``
+        names (a permit's: the one that holds slot ``slots[i]`` with that fence; None: any
+        tenure of the holder); one Renewal per element, in order.
 
-        :raises InvalidArgument: bad kinds, names, holders or ttls, or lists of unequal length.
+        :raises InvalidArgument: bad kinds, names, holders, ttls, fences or slots, or lists
+            of unequal length.
         """
         name_list, holder_list = _checks.key_lists(names, holders)
-        kind_list = _checks.kinds(kinds, len(name_list))
-        params = (kind_list, name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
+        count = len(name_list)
+        params = (
+            _checks.kinds(kinds, count),
+            name_list,
+            holder_list,
+            _checks.ttl_list(ttls, count),
+            _checks.tenure_list("fences", fences, count),
+            _checks.tenure_list("slots", slots, count),
+        )
         result: list[Renewal] = self._call(RENEW_HELD, params, None)
+        return result
+
+    def renew_held_any(
+        self,
+        kinds: Sequence[str],
+        names: Sequence[str],
+        holders: Sequence[str],
+        ttls: Sequence[timedelta | None],
+    ) -> list[Renewal]:
+        """:meth:`renew_held` whatever the tenures, as a schema before pylease-0012 has it
+        (PostgreSQL only: the keeper's, until the schema is migrated)."""
+        name_list, holder_list = _checks.key_lists(names, holders)
+        count = len(name_list)
+        kind_list = _checks.kinds(kinds, count)
+        params = (kind_list, name_list, holder_list, _checks.ttl_list(ttls, count))
+        result: list[Renewal] = self._call(RENEW_HELD_ANY, params, None)
         return result
 
     def release(
@@ -264,10 +295,20 @@ class Backend:
     # Permits (contract 5.1)
 
     def permit_claim(
-        self, name: str, max_permits: int, ttl: timedelta, holder: str, permits: int = 1
+        self,
+        name: str,
+        max_permits: int,
+        ttl: timedelta,
+        holder: str,
+        permits: int = 1,
+        *,
+        new: bool = False,
     ) -> dict[int, int]:
         """``permit_claim``: slot -> fence of the ``permits`` slots granted; empty when busy.
 
+        :param new: claim a new tenure (``permit_claim_new``): slots of ``holder`` that are
+            still live make it busy (another process uses this holder); expired ones are
+            not continued.
         :raises InvalidArgument: bad arguments, another limit than the semaphore's, a lease
             of that name, or a holder that holds another number of its permits.
         """
@@ -279,7 +320,7 @@ class Backend:
             _checks.key("holder", holder),
             _checks.count("permits", permits, limit, "max_permits"),
         )
-        rows = self._call(PERMIT_CLAIM, params, name)
+        rows = self._call(PERMIT_CLAIM_NEW if new else PERMIT_CLAIM, params, name)
         return {slot: fence for slot, fence in rows}
 
     def permit_renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
@@ -325,12 +366,15 @@ class Backend:
 
     # Several names (contract 5.3)
 
-    def claim_all(self, names: Sequence[str], ttl: timedelta, holder: str) -> dict[str, int]:
+    def claim_all(
+        self, names: Sequence[str], ttl: timedelta, holder: str, *, new: bool = False
+    ) -> dict[str, int]:
         """``lease_claim_all``: name -> fence of every name when all were granted; empty
-        when any is busy."""
+        when any is busy. With ``new``, a new tenure (``lease_claim_all_new``): a name
+        ``holder`` holds unexpired is busy, an expired one gets a new fence."""
         params = (_checks.names(names), _checks.ttl(ttl), _checks.key("holder", holder))
         try:
-            rows = self._call(CLAIM_ALL, params, None)
+            rows = self._call(CLAIM_ALL_NEW if new else CLAIM_ALL, params, None)
         except FenceExhausted as exc:
             worn = _worn(str(exc))
             if exc.name is not None or worn is None:

@@ -313,6 +313,26 @@ def kinds(values: object, length: int) -> list[str]:
     return result
 
 
+def tenure_list(parameter: str, values: object, length: int) -> list[int | None]:
+    """The fences (or slots) of the keeper's renewal: one int or None (any tenure) per
+    element of names; None for all of them."""
+    if values is None:
+        return [None] * length
+    result = _sequence(parameter, values)
+    if len(result) != length:
+        raise InvalidArgument(
+            f"pylease: {parameter} must have as many elements as names", parameter=parameter
+        )
+    for value in result:
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63
+        ):
+            raise InvalidArgument(
+                f"pylease: {parameter} must hold ints (or None)", parameter=parameter
+            )
+    return result
+
+
 MAX_GROUP_LENGTH = 190
 MAX_PARTITIONS = 1024
 MAX_DATA_LENGTH = 8192

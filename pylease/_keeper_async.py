@@ -42,7 +42,8 @@ from typing import Any
 
 from pylease import _claims
 from pylease._acompat import ACondition, AWorker, acondition_wait, asleep, aspawn, monotonic
-from pylease._backend_async import AsyncBackend, AsyncReleaseOp
+from pylease._backend_async import AsyncReleaseOp
+from pylease._budget import exit_deadline, waiting
 from pylease._caller_tx import GIVE_BACK_WAIT, TX_POLL, WAKE_WAIT, Deferred, take_ended
 from pylease._links_async import AsyncSource
 from pylease._log import last_error as error_text
@@ -72,11 +73,12 @@ if True:  # ASYNC
     # A task is cheap to start again: the keeper ends with its last lease.
     LINGER = 0.0
 
-# How a group renews its tickets: one statement for the whole batch, answering
-# (name, renewed) per ticket, in order.
+# How a group renews its tickets: one statement for the whole batch, run through the
+# group's source (retried once on a stale connection, a pool's connection waited for
+# no longer than a statement), answering (name, renewed) per ticket, in order.
 # An operation may add, after those two, the seconds the server granted from its own
 # clock and that clock (``datetime``), or None for both.
-AsyncRenewOp = Callable[[AsyncBackend, Sequence[Ticket]], Awaitable[list[tuple[Any, ...]]]]
+AsyncRenewOp = Callable[[AsyncSource, Sequence[Ticket]], Awaitable[list[tuple[Any, ...]]]]
 
 NOT_OURS = "a renewal found it no longer ours (released, expired and taken, or stolen)"
 # How much further the database's clock may advance between two renewals than ours
@@ -123,7 +125,8 @@ def tell_lost(ticket: Ticket, error: LeaseLost) -> None:
 
 
 async def settle(ticket: Ticket) -> None:
-    """Let the lease's own ``on_lost`` finish before its block ends (bounded).
+    """Let the lease's own ``on_lost`` finish before its block ends (bounded, within
+    the block's exit budget).
 
     The callback runs apart so that it delays no renewal and no cancellation; the
     block that it is about may still wait for it, so it is told before the block ends.
@@ -133,10 +136,10 @@ async def settle(ticket: Ticket) -> None:
         return
     if True:  # ASYNC
         if worker is not asyncio.current_task():
-            await asyncio.wait({worker}, timeout=STOP_WAIT)
+            await asyncio.wait({worker}, timeout=waiting(STOP_WAIT))
     else:
         if worker is not threading.current_thread():
-            worker.join(STOP_WAIT)
+            worker.join(waiting(STOP_WAIT))
 
 
 class _Group:
@@ -256,8 +259,12 @@ class AsyncKeeper:
                 if not group.tickets and not group.busy:
                     del self._groups[key]
             # A tick that already sent this renewal is answered before the release
-            # goes out, so its answer cannot be taken for a loss after the release.
-            limit = monotonic() + STOP_WAIT
+            # goes out, so its answer cannot be taken for a loss after the release
+            # (within a block's exit, only while its budget allows: the answer of a
+            # ticket out of its group is ignored anyway).
+            if ticket not in self._inflight:
+                return
+            limit = monotonic() + waiting(STOP_WAIT)
             while ticket in self._inflight:
                 left = limit - monotonic()
                 if left <= 0:
@@ -355,6 +362,9 @@ class AsyncKeeper:
                 return [t for g in self._groups.values() for t in g.tickets]
 
     async def _run(self) -> None:
+        # Started from a block's exit (a deferred release wakes it), a task inherits that
+        # exit's budget: the keeper's statements keep their own bounds.
+        exit_deadline.set(None)
         while True:
             try:
                 if not await self._step():
@@ -502,15 +512,11 @@ class AsyncKeeper:
     async def _renew(self, group: _Group, batch: list[Ticket]) -> list[tuple[Ticket, str]]:
         """Renew ``batch`` in one statement; the tickets found lost, and why."""
         sent_at = monotonic()
-
-        async def renew(b: AsyncBackend) -> list[tuple[Any, ...]]:
-            return await group.renew(b, batch)
-
         try:
             # Never cancelled (a cancel could report a commit the standby may not have):
             # a statement that hangs is bounded by its source, which abandons the
             # connection, and the keeper declares the loss at the deadline meanwhile.
-            rows = await group.source.run(renew, retry=True, urgent=True)
+            rows = await group.renew(group.source, batch)
         except Exception as exc:
             group.failures += 1
             group.last_error = exc

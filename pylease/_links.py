@@ -35,21 +35,25 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
+from pylease import _budget
 from pylease import dsn as dsn_mod
-from pylease._acompat import Lock, Mutex, monotonic, to_thread
+from pylease._acompat import Lock, Mutex, lock_within, monotonic, spawn, to_thread
 from pylease._backend import Backend
+from pylease._budget import FLOOR
 from pylease._orm import adapt
 from pylease._targets import bad_target as bad_target
 from pylease._targets import is_idle as is_idle
 from pylease._targets import pool_class
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
-from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
+from pylease.errors import DatabaseUnavailable, InvalidArgument
 from pylease.postgres._abandon import STATEMENT_BOUND, bounded
 from pylease.postgres._backend import (
     PostgresBackend,
+    connect_own,
     connection_schema,
     not_installed,
+    run_committed,
     schemas,
     wrap_errors,
 )
@@ -73,48 +77,8 @@ logger = logging.getLogger("pylease")
 # while idle: a restart, a terminated backend, an idle_session_timeout), not from a
 # database that stopped answering: worth another attempt on a fresh connection.
 AT_ONCE = 1.0
-
-
-def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
-    """Open a connection of pylease's own: autocommit, no prepared statements."""
-    with wrap_errors(name):
-        return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None)
-
-
-def run_committed(conn: psycopg.Connection[Any], op: Op[T]) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own.
-
-    :raises ConfigurationError: the connection is not idle: its open transaction is
-        somebody else's, and a claim, renewal or release there would commit it.
-    """
-    if not conn.closed and not is_idle(conn):
-        raise ConfigurationError(
-            "pylease: a connection pylease was given for its own statements is inside a"
-            " transaction; pylease never runs a claim, renewal or release there (it would"
-            " commit that transaction)"
-        )
-    with bounded(conn):
-        if conn.autocommit:
-            return op(PostgresBackend(conn))
-        try:
-            result = op(PostgresBackend(conn))
-            try:
-                with wrap_errors():
-                    conn.commit()
-            except DatabaseUnavailable as exc:
-                if not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
-                    raise
-                # At the commit: a serializable default's verdict, not the race's (nothing
-                # committed). Once more, READ COMMITTED.
-                result = op(PostgresBackend(conn, defaults=True))
-                with wrap_errors():
-                    conn.commit()
-        except BaseException:
-            if not conn.closed:
-                with wrap_errors():
-                    conn.rollback()
-            raise
-        return result
+# What the release's second attempt needs of a block's exit: a connect and a statement.
+AGAIN = _budget.CONNECT_FLOOR + FLOOR
 
 
 def in_schema(op: Op[T], schema: str | None) -> Op[T]:
@@ -131,6 +95,15 @@ def in_schema(op: Op[T], schema: str | None) -> Op[T]:
 def find_schema(b: Backend) -> str | None:
     """Where the ``search_path`` of a source's connection finds pylease."""
     return b.installed_schema()
+
+
+def take(lock: Lock, name: str | None) -> None:
+    """Take a source's lock: inside a block's exit, within its budget (a renewal that
+    hangs may hold the connection)."""
+    if _budget.exit_deadline.get() is None:
+        lock.acquire()
+    elif not lock_within(lock, _budget.left() or 0.0):
+        raise _budget.spent(name, "while a renewal held its connection")
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -200,6 +173,7 @@ class ConninfoSource:
         self._lock = Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._schema: str | None = None
+        self._closing: Any = None
 
     @functools.cached_property
     def label(self) -> str:
@@ -221,7 +195,8 @@ class ConninfoSource:
     def run(
         self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        with self._lock:
+        take(self._lock, name)
+        try:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
                 self._discard()
@@ -239,6 +214,8 @@ class ConninfoSource:
             self._conn = connect_own(self._conninfo, name)
             with bounded(self._conn):
                 return op(PostgresBackend(self._conn))
+        finally:
+            self._lock.release()
 
     def _discard(self) -> None:
         conn, self._conn = self._conn, None
@@ -246,6 +223,20 @@ class ConninfoSource:
             conn.close()
 
     def close(self) -> None:
+        left = _budget.left()
+        if left is None:
+            self._close()
+        elif lock_within(self._lock, left):
+            try:
+                self._discard()
+            finally:
+                self._lock.release()
+        else:
+            # A block's exit whose budget ran out while a renewal, hung, held the
+            # connection: it is closed once that renewal ends.
+            self._closing = spawn(self._close, name="pylease-close")
+
+    def _close(self) -> None:
         with self._lock:
             self._discard()
 
@@ -263,7 +254,7 @@ class PoolSource:
     ) -> T:
         # A pool's own wait for a free connection may be long (30 s by default), and
         # without a connect timeout of its own, endless while the database is silent.
-        wait = STATEMENT_BOUND if urgent else None
+        wait = _budget.wait_bound(STATEMENT_BOUND if urgent else None)
         tries = self.pool.max_size + 1 if retry else 1
         while True:
             tries -= 1
@@ -274,7 +265,7 @@ class PoolSource:
                 # After a restart every idle connection of the pool is broken: each
                 # fails at once, and the pool replaces it. A failure that took its time
                 # is a silent database, which another attempt would wait for again.
-                if tries <= 0 or monotonic() - started > AT_ONCE:
+                if tries <= 0 or monotonic() - started > AT_ONCE or not _budget.spare(FLOOR):
                     raise
 
     def _run(self, op: Op[T], name: str | None, wait: float | None) -> T:
@@ -308,8 +299,11 @@ class ConnectionSource:
     def run(
         self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        with self._lock:
+        take(self._lock, name)
+        try:
             return run_committed(self.conn, op)
+        finally:
+            self._lock.release()
 
     def schema(self, name: str | None) -> str | None:
         with self._lock:
@@ -460,7 +454,8 @@ class Link:
         try:
             return self._release(in_schema(op, schema), name)
         except DatabaseUnavailable:
-            if again is None or monotonic() - started > AT_ONCE:
+            # Within a block's exit, only while a connect and a statement still fit.
+            if again is None or monotonic() - started > AT_ONCE or not _budget.spare(AGAIN):
                 raise
         return self.source.run(in_schema(again, schema), name=name, retry=True, urgent=True)
 

@@ -36,21 +36,25 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
+from pylease import _budget
 from pylease import dsn as dsn_mod
-from pylease._acompat import ALock, AMutex, ato_thread, monotonic
+from pylease._acompat import ALock, AMutex, alock_within, aspawn, ato_thread, monotonic
 from pylease._backend_async import AsyncBackend
+from pylease._budget import FLOOR
 from pylease._orm import adapt
 from pylease._targets import async_pool_class
 from pylease._targets import bad_target as bad_target
 from pylease._targets import is_idle as is_idle
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
-from pylease.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
+from pylease.errors import DatabaseUnavailable, InvalidArgument
 from pylease.postgres._abandon import STATEMENT_BOUND, bounded
 from pylease.postgres._backend_async import (
     AsyncPostgresBackend,
+    connect_own,
     connection_schema,
     not_installed,
+    run_committed,
     schemas,
     wrap_errors,
 )
@@ -74,50 +78,8 @@ logger = logging.getLogger("pylease")
 # while idle: a restart, a terminated backend, an idle_session_timeout), not from a
 # database that stopped answering: worth another attempt on a fresh connection.
 AT_ONCE = 1.0
-
-
-async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnection[Any]:
-    """Open a connection of pylease's own: autocommit, no prepared statements."""
-    with wrap_errors(name):
-        return await psycopg.AsyncConnection.connect(
-            conninfo, autocommit=True, prepare_threshold=None
-        )
-
-
-async def run_committed(conn: psycopg.AsyncConnection[Any], op: AsyncOp[T]) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own.
-
-    :raises ConfigurationError: the connection is not idle: its open transaction is
-        somebody else's, and a claim, renewal or release there would commit it.
-    """
-    if not conn.closed and not is_idle(conn):
-        raise ConfigurationError(
-            "pylease: a connection pylease was given for its own statements is inside a"
-            " transaction; pylease never runs a claim, renewal or release there (it would"
-            " commit that transaction)"
-        )
-    with bounded(conn):
-        if conn.autocommit:
-            return await op(AsyncPostgresBackend(conn))
-        try:
-            result = await op(AsyncPostgresBackend(conn))
-            try:
-                with wrap_errors():
-                    await conn.commit()
-            except DatabaseUnavailable as exc:
-                if not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
-                    raise
-                # At the commit: a serializable default's verdict, not the race's (nothing
-                # committed). Once more, READ COMMITTED.
-                result = await op(AsyncPostgresBackend(conn, defaults=True))
-                with wrap_errors():
-                    await conn.commit()
-        except BaseException:
-            if not conn.closed:
-                with wrap_errors():
-                    await conn.rollback()
-            raise
-        return result
+# What the release's second attempt needs of a block's exit: a connect and a statement.
+AGAIN = _budget.CONNECT_FLOOR + FLOOR
 
 
 def in_schema(op: AsyncOp[T], schema: str | None) -> AsyncOp[T]:
@@ -134,6 +96,15 @@ def in_schema(op: AsyncOp[T], schema: str | None) -> AsyncOp[T]:
 async def find_schema(b: AsyncBackend) -> str | None:
     """Where the ``search_path`` of a source's connection finds pylease."""
     return await b.installed_schema()
+
+
+async def take(lock: ALock, name: str | None) -> None:
+    """Take a source's lock: inside a block's exit, within its budget (a renewal that
+    hangs may hold the connection)."""
+    if _budget.exit_deadline.get() is None:
+        await lock.acquire()
+    elif not await alock_within(lock, _budget.left() or 0.0):
+        raise _budget.spent(name, "while a renewal held its connection")
 
 
 # Sources: the connections renewals (and URL and pool leases) run on ------------
@@ -203,6 +174,7 @@ class AsyncConninfoSource:
         self._lock = ALock()
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._schema: str | None = None
+        self._closing: Any = None
 
     @functools.cached_property
     def label(self) -> str:
@@ -224,7 +196,8 @@ class AsyncConninfoSource:
     async def run(
         self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        async with self._lock:
+        await take(self._lock, name)
+        try:
             fresh = self._conn is None or self._conn.closed or self._conn.broken
             if fresh:
                 await self._discard()
@@ -246,6 +219,8 @@ class AsyncConninfoSource:
             self._conn = await connect_own(self._conninfo, name)
             with bounded(self._conn):
                 return await op(AsyncPostgresBackend(self._conn))
+        finally:
+            self._lock.release()
 
     async def _discard(self) -> None:
         conn, self._conn = self._conn, None
@@ -253,6 +228,20 @@ class AsyncConninfoSource:
             await conn.close()
 
     async def close(self) -> None:
+        left = _budget.left()
+        if left is None:
+            await self._close()
+        elif await alock_within(self._lock, left):
+            try:
+                await self._discard()
+            finally:
+                self._lock.release()
+        else:
+            # A block's exit whose budget ran out while a renewal, hung, held the
+            # connection: it is closed once that renewal ends.
+            self._closing = aspawn(self._close, name="pylease-close")
+
+    async def _close(self) -> None:
         async with self._lock:
             await self._discard()
 
@@ -270,7 +259,7 @@ class AsyncPoolSource:
     ) -> T:
         # A pool's own wait for a free connection may be long (30 s by default), and
         # without a connect timeout of its own, endless while the database is silent.
-        wait = STATEMENT_BOUND if urgent else None
+        wait = _budget.wait_bound(STATEMENT_BOUND if urgent else None)
         tries = self.pool.max_size + 1 if retry else 1
         while True:
             tries -= 1
@@ -281,7 +270,7 @@ class AsyncPoolSource:
                 # After a restart every idle connection of the pool is broken: each
                 # fails at once, and the pool replaces it. A failure that took its time
                 # is a silent database, which another attempt would wait for again.
-                if tries <= 0 or monotonic() - started > AT_ONCE:
+                if tries <= 0 or monotonic() - started > AT_ONCE or not _budget.spare(FLOOR):
                     raise
 
     async def _run(self, op: AsyncOp[T], name: str | None, wait: float | None) -> T:
@@ -316,8 +305,11 @@ class AsyncConnectionSource:
     async def run(
         self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        async with self._lock:
+        await take(self._lock, name)
+        try:
             return await run_committed(self.conn, op)
+        finally:
+            self._lock.release()
 
     async def schema(self, name: str | None) -> str | None:
         async with self._lock:
@@ -483,7 +475,8 @@ class AsyncLink:
         try:
             return await self._release(in_schema(op, schema), name)
         except DatabaseUnavailable:
-            if again is None or monotonic() - started > AT_ONCE:
+            # Within a block's exit, only while a connect and a statement still fit.
+            if again is None or monotonic() - started > AT_ONCE or not _budget.spare(AGAIN):
                 raise
         return await self.source.run(in_schema(again, schema), name=name, retry=True, urgent=True)
 

@@ -10,6 +10,7 @@ SQL runs and calls the backend's ``_call``: PostgreSQL runs the statement, SQLit
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, LiteralString, NewType
@@ -175,13 +176,18 @@ CLAIM = Operation(
 )
 
 
-# A claim that only starts a new tenure (migration 0007): the Python API and the command
-# line claim so with a holder they were given, so that another process using the same
-# holder is busy, never joined (contract 5.6). A default holder is unique to its claim:
-# there the plain claim lets a retry whose first answer was lost find its own grant.
+# A claim that only starts a new tenure (migration 0007; of permits and several names,
+# 0012): the Python API and the command line claim so with a holder they were given, so
+# that another process using the same holder is busy, never joined (contract 5.6). A
+# default holder is unique to its claim: there the plain claim lets a retry whose first
+# answer was lost find its own grant.
+_CLAIMS = re.compile(r"\b(lease_claim|lease_claim_all|permit_claim)\(")
+
+
 def new_tenure(op: Operation) -> Operation:
-    """``op`` with ``lease_claim_new`` for ``lease_claim``; its SQLite file ``<name>_new``."""
-    postgres = op.postgres.replace("lease_claim(", "lease_claim_new(")
+    """``op`` with ``lease_claim_new`` for ``lease_claim`` (``lease_claim_all_new``,
+    ``permit_claim_new``); its SQLite file ``<name>_new``."""
+    postgres = _CLAIMS.sub(r"\1_new(", op.postgres)
     return Operation(op.name + "_new", op.kind, postgres, op.sqlite, op.answer)
 
 
@@ -295,6 +301,7 @@ PERMIT_CLAIM = Operation(
     ("name", "max_permits", "ttl_seconds", "holder", "permits"),
     tuple,
 )
+PERMIT_CLAIM_NEW = new_tenure(PERMIT_CLAIM)
 PERMIT_RENEW = Operation(
     "permit_renew",
     GRANT,
@@ -340,6 +347,7 @@ CLAIM_ALL = Operation(
     ("names", "ttl_seconds", "holder"),
     tuple,
 )
+CLAIM_ALL_NEW = new_tenure(CLAIM_ALL)
 RELEASE_ALL = Operation(
     "release_all",
     WRITE,
@@ -396,12 +404,14 @@ GROUP_ASSIGNMENT = Operation(
 # The keeper's renewal across kinds (contract 5, "the keeper across kinds"): internal,
 # not in the contract. One statement renews the leases and the semaphore slots of a
 # process, each element at its own ttl.
+# Each element only in the tenure the keeper knows (migration 0012): a lease's fence; a
+# permit's slot and that slot's fence. None: whatever tenure the holder has.
 RENEW_HELD = Operation(
     "renew_held",
     GRANT,
     "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
-    "%s::text[], %s::text[], %s::text[], %s::interval[])",
-    ("kinds", "names", "holders", "ttls"),
+    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])",
+    ("kinds", "names", "holders", "ttls", "fences", "slots"),
     Renewal,
 )
 
@@ -423,6 +433,7 @@ OPERATIONS = (
     PRUNE_HISTORY,
     PRUNE,
     PERMIT_CLAIM,
+    PERMIT_CLAIM_NEW,
     PERMIT_RENEW,
     PERMIT_RELEASE,
     PERMIT_HOLDS,
@@ -430,6 +441,7 @@ OPERATIONS = (
     PERMIT_SET_MAX,
     PERMIT_REVOKE,
     CLAIM_ALL,
+    CLAIM_ALL_NEW,
     RELEASE_ALL,
     GROUP_JOIN,
     GROUP_RENEW,
@@ -438,6 +450,17 @@ OPERATIONS = (
     MEMBER_HOLDS,
     GROUP_ASSIGNMENT,
     RENEW_HELD,
+)
+
+# The keeper's renewal on a schema before migration 0012, whatever the tenures: until it
+# is migrated (PostgreSQL; the SQLite files are always this version's).
+RENEW_HELD_ANY = Operation(
+    "renew_held_any",
+    GRANT,
+    "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
+    "%s::text[], %s::text[], %s::text[], %s::interval[])",
+    (),
+    Renewal,
 )
 
 

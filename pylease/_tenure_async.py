@@ -4,7 +4,8 @@ what the database says became of it once it was lost.
 
 A tenure is a lease, a holder's permits of a semaphore (a ticket of kind ``permit``)
 or several names claimed together (a ticket with ``names``). The keeper renews every
-kind of a process with one statement per tick (:func:`renew_leases`), and a block, or
+kind of a process with one statement per tick (:func:`renew_leases`), each only in the
+tenure its ticket holds (its fence), and a block, or
 the keeper for a collected or deferred one, gives it back with :func:`give_back`.
 Shared by :mod:`pylease._keeper_async`, :mod:`pylease.leasing_async` and
 :mod:`pylease.permits_async`.
@@ -12,44 +13,88 @@ Shared by :mod:`pylease._keeper_async`, :mod:`pylease.leasing_async` and
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from pylease._backend_async import AsyncBackend, AsyncReleaseOp, release_kept
 from pylease._held import describe_loss
-from pylease._links_async import AsyncLink
+from pylease._links_async import AsyncLink, AsyncSource
 from pylease._log import released as log_released
 from pylease._ticket import Ticket
+from pylease.errors import SchemaMissing
+
+logger = logging.getLogger("pylease")
 
 Run = Callable[[AsyncReleaseOp, AsyncReleaseOp | None], Awaitable[bool]]
 
 
-async def renew_leases(b: AsyncBackend, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
-    """The renewal of everything a process holds, whatever its kind, in one statement:
-    ``lease_renew_each`` while the batch holds leases only, else ``pylease_renew_held``
-    (permits: a holder's slots together); each with its own ttl. A ticket of several
-    names is one element per name, renewed only when all of them are.
+async def renew_leases(
+    source: AsyncSource, batch: Sequence[Ticket], *, name: str | None = None
+) -> list[tuple[Any, ...]]:
+    """The renewal of everything a process holds, whatever its kind, through ``source``
+    in one statement (``pylease_renew_held``; permits: a holder's slots together), each
+    with its own ttl and only in the tenure its ticket holds: a lease's fence, a permit's
+    first slot and that slot's fence. A ticket of several names is one element per
+    name, renewed only when all of them are. Retried once on a stale connection; a
+    pool's connection is waited for no longer than a statement may take.
+
+    On a schema before pylease-0012 the renewal matches the holder alone, as it did
+    there, until the process ends (its log says so once).
 
     Each row, one per ticket: (name, renewed, seconds granted by the server from its
     own clock, that clock), the last two None when not renewed.
     """
+    fenced = source.key not in _unfenced
+
+    async def renew(b: AsyncBackend) -> list[Any]:
+        return await _renew(b, batch, fenced)
+
+    try:
+        rows = await source.run(renew, name=name, retry=True, urgent=True)
+    except SchemaMissing:
+        if not fenced:
+            raise
+        _unfenced.add(source.key)
+        logger.warning(
+            "pylease: this schema renews by holder alone (run `pylease migrate`: from"
+            " pylease-0012 on, a renewal names its tenure); so it does until this process ends"
+        )
+        fenced = False
+        rows = await source.run(renew, name=name, retry=True, urgent=True)
+    return _answers(batch, rows)
+
+
+# Sources whose schema predates pylease-0012 (no renewal that names its tenure).
+_unfenced: set[Hashable] = set()
+
+
+async def _renew(b: AsyncBackend, batch: Sequence[Ticket], fenced: bool) -> list[Any]:
+    """The statement of :func:`renew_leases`: one Renewal per element, in order."""
     kinds: list[str] = []
     names: list[str] = []
     holders: list[str] = []
     ttls: list[timedelta | None] = []
-    owner: list[int] = []
-    for i, t in enumerate(batch):
+    fences: list[int | None] = []
+    for t in batch:
         for name in t.names or (t.name,):
             kinds.append(t.kind)
             names.append(name)
             holders.append(t.holder)
             ttls.append(t.renew_ttl)
-            owner.append(i)
+            fences.append(t.fence if t.fences is None else t.fences[name])
+    if fenced:
+        slots = [t.slot for t in batch for _ in t.names or (t.name,)]
+        return await b.renew_held(kinds, names, holders, ttls, fences, slots)
     if all(kind == "lease" for kind in kinds):
-        rows = await b.renew_each(names, holders, ttls)
-    else:
-        rows = await b.renew_held(kinds, names, holders, ttls)
+        return await b.renew_each(names, holders, ttls)
+    return await b.renew_held_any(kinds, names, holders, ttls)
+
+
+def _answers(batch: Sequence[Ticket], rows: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """One answer per ticket from one Renewal per element (several names: each)."""
+    owner = [i for i, t in enumerate(batch) for _ in t.names or (t.name,)]
     out: list[tuple[Any, ...]] = [(t.name, True, None, None) for t in batch]
     for i, r in zip(owner, rows, strict=True):
         name, renewed, granted, clock = out[i]

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -77,6 +77,10 @@ class Ticket:
     # ("permit"); a claim of several names renews each of ``names`` (lost when any is).
     kind = "lease"
     names: tuple[str, ...] = ()
+    # The tenure its renewals name, beside ``fence``: several names' fence of each name;
+    # a permit's first slot, whose fence ``fence`` is.
+    fences: Mapping[str, int] | None = None
+    slot: int | None = None
     # The expiry the server granted at the latest renewal, on its clock (Held.expires_at).
     server_expires: datetime | None = None
 

@@ -49,18 +49,18 @@ from __future__ import annotations
 import enum
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
 from pylease import _hub as hub
 from pylease._acompat import monotonic, sleep
+from pylease._attempts import Attempt, LeaseClaim, fence_of, lease_attempt
 from pylease._backend import Backend
 from pylease._held import Options, current_holder
 from pylease._hub import WAITER_TTL, Waiter
 from pylease._links import Link
 from pylease._log import claimed as log_claimed
-from pylease._operations import LeaseRow, PermitRow
 from pylease.errors import DatabaseUnavailable, LeaseBusy, PyleaseError, SchemaMissing
 
 logger = logging.getLogger("pylease")
@@ -100,142 +100,6 @@ class WaitStopped(Exception):
 #: What a granted attempt gives: a fence (a lease), slot -> fence (permits), name ->
 #: fence (several names).
 G = TypeVar("G")
-G_co = TypeVar("G_co", covariant=True)
-
-
-class Attempt(Protocol[G_co]):
-    """What a wait tries: one primitive's claim, as the engine calls it."""
-
-    #: The name whose releases (NOTIFY payloads) wake this wait.
-    name: str
-    #: Who claims, and for how long: what the log of a grant says.
-    holder: str
-    ttl: timedelta
-    #: A grant may leave more to grant (permits): the next waiter claims at once.
-    passes_on: bool
-    #: A busy attempt always reads what stood in the way, and the wait moves to its
-    #: name (several names: ``name`` becomes the first name in the way).
-    follows: bool
-
-    def claim(self, b: Backend) -> G_co | None:
-        """A plain attempt: the grant, or None when busy."""
-
-    def claim_waiting(
-        self, b: Backend, *, status: bool, queued_as: str | None
-    ) -> tuple[G_co | None, list[Any] | None]:
-        """A waiter's attempt in one statement where the SQL has one: (grant, None), or
-        (None, the status rows when ``status``, else None)."""
-
-    def status(self, b: Backend) -> list[Any]:
-        """What stands in the way: status rows (``held``, ``holder``, ``expires_at``),
-        the first held one the earliest to free."""
-
-
-class LeaseClaim:
-    """The attempt of a lease: ``lease_claim(name, ttl, holder)``; with ``new``,
-    ``lease_claim_new``, for a holder the caller chose (see
-    :data:`pylease._operations.CLAIM_NEW`)."""
-
-    passes_on = False
-    follows = False
-
-    def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
-        self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
-
-    def claim(self, b: Backend) -> int | None:
-        if self.new:
-            return b.claim_new(self.name, self.ttl, self.holder)
-        return b.claim(self.name, self.ttl, self.holder)
-
-    def claim_waiting(
-        self, b: Backend, *, status: bool, queued_as: str | None
-    ) -> tuple[int | None, list[LeaseRow] | None]:
-        return b.claim_waiting(
-            self.name, self.ttl, self.holder, status=status, queued_as=queued_as, new=self.new
-        )
-
-    def status(self, b: Backend) -> list[LeaseRow]:
-        return b.status(self.name)
-
-
-class PermitClaim:
-    """The attempt of permits: ``permit_claim(name, max_permits, ttl, holder, permits)``.
-
-    No one-statement waiting form: a waiter's attempt is the plain claim, and the
-    status a second statement when asked for (the busy claim still writes nothing).
-    """
-
-    passes_on = True
-    follows = False
-
-    def __init__(
-        self, name: str, max_permits: int, ttl: timedelta, holder: str, permits: int
-    ) -> None:
-        self.name, self.ttl, self.holder = name, ttl, holder
-        self.max_permits, self.permits = max_permits, permits
-
-    def claim(self, b: Backend) -> dict[int, int] | None:
-        slots = b.permit_claim(self.name, self.max_permits, self.ttl, self.holder, self.permits)
-        return slots or None
-
-    def claim_waiting(
-        self, b: Backend, *, status: bool, queued_as: str | None
-    ) -> tuple[dict[int, int] | None, list[Any] | None]:
-        slots = self.claim(b)
-        if slots is not None or not status:
-            return slots, None
-        return None, self.status(b)
-
-    def status(self, b: Backend) -> list[PermitRow]:
-        """The held slots, the first to expire first: a waiter wakes at that expiry."""
-        rows = b.permit_status(self.name)
-        return sorted((r for r in rows if r.held), key=lambda r: r.expires_at)
-
-
-class ClaimAll:
-    """The attempt of several names at once: ``lease_claim_all(names, ttl, holder)``.
-
-    It waits on the first name in the way, in name order (``name``), holding none of
-    them meanwhile; no one-statement waiting form, as :class:`PermitClaim`.
-    """
-
-    passes_on = False
-    follows = True
-
-    def __init__(self, names: Sequence[str], ttl: timedelta, holder: str) -> None:
-        self.names = list(names)
-        self.order = sorted(self.names)
-        self.name, self.ttl, self.holder = self.order[0], ttl, holder
-
-    def claim(self, b: Backend) -> dict[str, int] | None:
-        fences = b.claim_all(self.names, self.ttl, self.holder)
-        return fences or None
-
-    def claim_waiting(
-        self, b: Backend, *, status: bool, queued_as: str | None
-    ) -> tuple[dict[str, int] | None, list[Any] | None]:
-        fences = self.claim(b)
-        if fences is not None:
-            return fences, None
-        return None, self.status(b)
-
-    def status(self, b: Backend) -> list[LeaseRow]:
-        """The status of the first name held by another holder, in name order (the wait
-        then follows it); none when every name is free by now."""
-        for name in self.order:
-            rows = b.status(name)
-            if any(r.held and r.holder != self.holder for r in rows):
-                self.name = name
-                return rows
-        return []
-
-
-def fence_of(grant: object) -> int:
-    """The fence a grant is logged with: a lease's, or the first of several."""
-    if isinstance(grant, Mapping):
-        return int(next(iter(grant.values())))
-    assert isinstance(grant, int)
-    return grant
 
 
 def next_pause(
@@ -540,12 +404,6 @@ class Wait(Generic[G]):
             # plain claim): read it soon, so that a holder that died is met at its expiry.
             pause = min(pause, STATUS_FRESH * random.uniform(1 - JITTER, 1 + JITTER))
         return pause
-
-
-def lease_attempt(opts: Options, holder: str) -> LeaseClaim:
-    """The attempt of a lease of ``opts`` claimed by ``holder``."""
-    # A holder the caller chose may be another process's too: claim a new tenure.
-    return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
 
 
 def acquire(

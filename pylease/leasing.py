@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
+from pylease._attempts import Attempt, lease_attempt
+from pylease._budget import FLOOR, begin, exit_deadline, spare
 from pylease._caller_tx import Deferred
 from pylease._held import (
     Held,
@@ -40,7 +42,7 @@ from pylease._links import check as check_target
 from pylease._tenure import loss_cause, release, renew_leases
 from pylease._ticket import Ticket, abandon, inherited, notify_lost
 from pylease._types import Duration, Target, Wait
-from pylease._waiting import Attempt, Stop, acquire_with, lease_attempt
+from pylease._waiting import Stop, acquire_with
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 
 T = TypeVar("T")
@@ -160,20 +162,27 @@ class Lease:
         if self._finalizer is not None:
             self._finalizer.detach()
         self._held = None
-        if self._defer(link_, ticket, exc):
-            return  # released later; the body's exception, if any, goes on as it is
+        # From here on, every step draws on one budget (contract section 2: the block
+        # ends within 10 s of its body, whatever each step meets).
+        budget = begin()
         try:
-            if self._opts.heartbeat:
-                keeper().remove(ticket, link_.renewals)
-                if ticket.callback is not None:
-                    settle(ticket)
-            released, trouble = release(link_, ticket, self._opts.min_hold)
-            cause = None
-            if trouble is None and (released is False or ticket.error() is not None):
-                cause = self._loss_cause(link_, ticket)
+            if self._defer(link_, ticket, exc):
+                return  # released later; the body's exception, if any, goes on as it is
+            try:
+                if self._opts.heartbeat:
+                    keeper().remove(ticket, link_.renewals)
+                    if ticket.callback is not None:
+                        settle(ticket)
+                released, trouble = release(link_, ticket, self._opts.min_hold)
+                cause = None
+                lost = released is False or ticket.error() is not None
+                if trouble is None and lost and spare(FLOOR):
+                    cause = self._loss_cause(link_, ticket)
+            finally:
+                _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
+                link_.close()
         finally:
-            _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
-            link_.close()
+            exit_deadline.reset(budget)
         finish(ticket, exc, released, trouble, cause)
 
     def _names(self) -> tuple[str, ...]:
@@ -209,7 +218,7 @@ class Lease:
             # transaction may hold the one write lock: its local belief answers.)
             sent_at = monotonic()
             try:
-                rows = link_.renewals.run(lambda b: renew_leases(b, [ticket]), name=ticket.name)
+                rows = renew_leases(link_.renewals, [ticket], name=ticket.name)
             except Exception:
                 rows = None  # not known: the keeper goes on, and tells a loss loudly
             if rows is not None:

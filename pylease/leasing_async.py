@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
+from pylease._attempts_async import Attempt, lease_attempt
+from pylease._budget import FLOOR, begin, exit_deadline, spare
 from pylease._caller_tx import Deferred
 from pylease._held import (
     AsyncHeld,
@@ -43,7 +45,7 @@ from pylease._log import text as error_text
 from pylease._tenure_async import loss_cause, release, renew_leases
 from pylease._ticket import AsyncTicket, abandon, inherited, notify_lost
 from pylease._types import AsyncTarget, Duration, Wait
-from pylease._waiting_async import Attempt, Stop, acquire_with, lease_attempt
+from pylease._waiting_async import Stop, acquire_with
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
 
 T = TypeVar("T")
@@ -173,23 +175,30 @@ class AsyncLease:
         if True:  # ASYNC
             ticket.task = None  # no cancellation from here on
             outside_cancel = False
-        if await self._defer(link_, ticket, exc):
-            return  # released later; the body's exception, if any, goes on as it is
+        # From here on, every step draws on one budget (contract section 2: the block
+        # ends within 10 s of its body, whatever each step meets).
+        budget = begin()
         try:
-            if self._opts.heartbeat:
-                await keeper().remove(ticket, link_.renewals)
-                if ticket.callback is not None:
-                    await settle(ticket)
-            if True:  # ASYNC
-                if ticket.cancelled_body:
-                    exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
-            released, trouble = await release(link_, ticket, self._opts.min_hold)
-            cause = None
-            if trouble is None and (released is False or ticket.error() is not None):
-                cause = await self._loss_cause(link_, ticket)
+            if await self._defer(link_, ticket, exc):
+                return  # released later; the body's exception, if any, goes on as it is
+            try:
+                if self._opts.heartbeat:
+                    await keeper().remove(ticket, link_.renewals)
+                    if ticket.callback is not None:
+                        await settle(ticket)
+                if True:  # ASYNC
+                    if ticket.cancelled_body:
+                        exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
+                released, trouble = await release(link_, ticket, self._opts.min_hold)
+                cause = None
+                lost = released is False or ticket.error() is not None
+                if trouble is None and lost and spare(FLOOR):
+                    cause = await self._loss_cause(link_, ticket)
+            finally:
+                _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
+                await link_.close()
         finally:
-            _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
-            await link_.close()
+            exit_deadline.reset(budget)
         if True:  # ASYNC
             if outside_cancel and exc is None:
                 raise asyncio.CancelledError
@@ -239,9 +248,7 @@ class AsyncLease:
             # transaction may hold the one write lock: its local belief answers.)
             sent_at = monotonic()
             try:
-                rows = await link_.renewals.run(
-                    lambda b: renew_leases(b, [ticket]), name=ticket.name
-                )
+                rows = await renew_leases(link_.renewals, [ticket], name=ticket.name)
             except Exception:
                 rows = None  # not known: the keeper goes on, and tells a loss loudly
             if rows is not None:

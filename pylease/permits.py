@@ -4,14 +4,17 @@
 
 Both are lease blocks (:class:`~pylease.leasing.Lease`) that claim, hold and
 release something else: the claim is an attempt of the one wait engine
-(:class:`~pylease._waiting.PermitClaim`, :class:`~pylease._waiting.ClaimAll`),
+(:class:`~pylease._attempts.PermitClaim`, :class:`~pylease._attempts.ClaimAll`),
 the keeper renews them in the statement that renews every lease of the process
-(``pylease_renew_held``), and the release is holder-matched: ``permit_release`` frees
-the holder's slots, ``lease_release_all`` its names. Neither release takes a fence
-(the SQL has none): a holder names one claim, and the default holder is unique per
-claim. A release that finds any slot or name no longer ours fails the work, as for
-a lease. The twins differ as :mod:`pylease.leasing`'s do: only on an event loop
-is the block's task cancelled when a permit or a name is lost (``cancel_on_lost``).
+(``pylease_renew_held``, naming the tenure: a slot and its fence, each name's fence),
+and the release is holder-matched: ``permit_release`` frees the holder's slots,
+``lease_release_all`` its names. Neither release takes a fence (the SQL has none): a
+holder names one claim, and the default holder is unique per claim. A holder the
+caller gave claims a new tenure (``permit_claim_new``, ``lease_claim_all_new``), as a
+lease's does: another process's live tenure under it is busy, never joined. A release
+that finds any slot or name no longer ours fails the work, as for a lease. The twins
+differ as :mod:`pylease.leasing`'s do: only on an event loop is the block's task
+cancelled when a permit or a name is lost (``cancel_on_lost``).
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from pylease import _checks
+from pylease._attempts import ClaimAll, PermitClaim
 from pylease._backend import Backend
 from pylease._held import Held, NamesHeld, Options, PermitsHeld
 from pylease._links import Link
 from pylease._tenure import Part, parts_loss_cause
 from pylease._ticket import Ticket
 from pylease._types import Duration, Target, Wait
-from pylease._waiting import ClaimAll, PermitClaim
 from pylease.errors import InvalidArgument
 from pylease.leasing import Lease, LostCallback, block_options
 
@@ -53,12 +56,15 @@ class Permit(Lease):
 
     def _attempt(self, holder: str) -> PermitClaim:
         opts = self._opts
-        return PermitClaim(opts.name, self._max_permits, opts.ttl, holder, self._permits)
+        # A holder the caller chose may be another process's too: claim a new tenure.
+        return PermitClaim(
+            opts.name, self._max_permits, opts.ttl, holder, self._permits, new=bool(opts.holder)
+        )
 
     def _made(self, ticket: Ticket, grant: Any) -> Held:
         ticket.kind = "permit"
         held = PermitsHeld(self._opts.name, ticket.holder, grant, ticket)
-        ticket.fence = held.fence
+        ticket.fence, ticket.slot = held.fence, next(iter(held.slots))
         self._slots = held.slots
         return held
 
@@ -95,12 +101,12 @@ class Names(Lease):
         return self._all
 
     def _attempt(self, holder: str) -> ClaimAll:
-        return ClaimAll(self._all, self._opts.ttl, holder)
+        return ClaimAll(self._all, self._opts.ttl, holder, new=bool(self._opts.holder))
 
     def _made(self, ticket: Ticket, grant: Any) -> Held:
         ticket.names = self._all
         held = NamesHeld(self._all, ticket.holder, grant, ticket)
-        ticket.fence = held.fence
+        ticket.fence, ticket.fences = held.fence, held.fences
         self._fences = held.fences
         return held
 

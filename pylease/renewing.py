@@ -13,6 +13,7 @@ from datetime import timedelta
 from types import TracebackType
 
 from pylease._acompat import monotonic
+from pylease._budget import begin, exit_deadline
 from pylease._held import Held, end_keep_fresh, keep_fresh_options
 from pylease._keeper import keeper, settle
 from pylease._links import Link, link
@@ -87,11 +88,13 @@ class KeepFresh:
         self._link = None
         if inherited(ticket):
             return  # a forked child's: nothing of it is the child's (see Lease)
+        budget = begin()  # one exit budget, as a lease block's
         try:
             keeper().remove(ticket, link_.renewals)
             settle(ticket)
         finally:
             link_.close()
+            exit_deadline.reset(budget)
         end_keep_fresh(ticket, exc)
 
 

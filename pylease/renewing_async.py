@@ -12,6 +12,7 @@ from datetime import timedelta
 from types import TracebackType
 
 from pylease._acompat import monotonic
+from pylease._budget import begin, exit_deadline
 from pylease._held import AsyncHeld, Held, end_keep_fresh, keep_fresh_options
 from pylease._keeper_async import keeper, settle
 from pylease._links_async import AsyncLink, link
@@ -86,11 +87,13 @@ class AsyncKeepFresh:
         self._link = None
         if inherited(ticket):
             return  # a forked child's: nothing of it is the child's (see AsyncLease)
+        budget = begin()  # one exit budget, as a lease block's
         try:
             await keeper().remove(ticket, link_.renewals)
             await settle(ticket)
         finally:
             await link_.close()
+            exit_deadline.reset(budget)
         end_keep_fresh(ticket, exc)
 
 

@@ -52,6 +52,7 @@ PAIRS = [
     ("pylease/_links_async.py", "pylease/_links.py"),
     ("pylease/_hub_async.py", "pylease/_hub.py"),
     ("pylease/_waiting_async.py", "pylease/_waiting.py"),
+    ("pylease/_attempts_async.py", "pylease/_attempts.py"),
     ("pylease/_keeper_async.py", "pylease/_keeper.py"),
     ("pylease/_tenure_async.py", "pylease/_tenure.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
@@ -79,6 +80,7 @@ NAMES = {
     "_keeper_async": "_keeper",
     "leasing_async": "leasing",
     "_waiting_async": "_waiting",
+    "_attempts_async": "_attempts",
     "_hub_async": "_hub",
     "_tenure_async": "_tenure",
     # the public API
@@ -156,6 +158,7 @@ NAMES = {
     "asleep": "sleep",
     "ato_thread": "to_thread",
     "acondition_wait": "condition_wait",
+    "alock_within": "lock_within",
     # the keeper's worker
     "_task": "_thread",
     # names the tests use

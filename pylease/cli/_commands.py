@@ -181,8 +181,9 @@ def _claim_permits(
     store: Store, opts: Options, max_permits: int, count: int, *, as_json: bool, quiet: bool
 ) -> None:
     """``claim --max-permits``: the slots granted, or the semaphore's busy line."""
+    from pylease._attempts import PermitClaim
     from pylease._links import link
-    from pylease._waiting import PermitClaim, acquire_with
+    from pylease._waiting import acquire_with
 
     name, holder = opts.name, opts.holder
     assert holder is not None
@@ -190,7 +191,9 @@ def _claim_permits(
     link_ = link(store.url)
     try:
         with _render.spinner(name, quiet or as_json) as show:
-            attempt = PermitClaim(name, max_permits, opts.ttl, holder, count)
+            # A new tenure, as a lease's claim here: another process's live slots of
+            # a given holder are busy, never joined.
+            attempt = PermitClaim(name, max_permits, opts.ttl, holder, count, new=True)
             with contextlib.suppress(LeaseBusy):
                 slots, _sent = acquire_with(link_, attempt, opts, on_busy=Busy(show))
         rows = link_.run(lambda b: b.permit_status(name), name=name)

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from pylease._budget import FLOOR, exit_deadline
 from pylease.errors import DatabaseUnavailable
 
 
@@ -96,8 +97,9 @@ class bounded:
 
     Every statement pylease runs is bounded so, on whoever's connection it runs: its own,
     a pool's, a dedicated one or the caller's (a connection that stopped answering that
-    long is broken either way; a pool replaces it). The failure is then
-    :class:`Abandoned`: the statement may have reached the server. The timer is a thread
+    long is broken either way; a pool replaces it). Inside a block's exit it ends by the
+    exit's deadline (:mod:`pylease._budget`), given at least its ``FLOOR``. The failure
+    is then :class:`Abandoned`: the statement may have reached the server. The timer is a thread
     for the async side too: it fires even while a callback blocks the event loop. A
     class rather than a generator: it wraps every statement, and each call costs.
     """
@@ -105,6 +107,9 @@ class bounded:
     __slots__ = ("_conn", "_fd", "_lock", "_seconds", "armed", "fired")
 
     def __init__(self, conn: Any, seconds: float = STATEMENT_BOUND) -> None:
+        deadline = exit_deadline.get()  # inline: every statement pays for this
+        if deadline is not None:
+            seconds = min(seconds, max(deadline - time.monotonic(), FLOOR))
         self._conn, self._seconds = conn, seconds
         self.armed = self.fired = False
         self._fd: int | None = None

@@ -21,23 +21,30 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from typing import Any, LiteralString
+from collections.abc import Awaitable, Callable
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from pylease._backend_async import AsyncBackend
+from pylease._budget import connect_timeout
 from pylease._operations import COUNT, FLAG, GRANT, VALUE, Operation
 from pylease._targets import is_idle
-from pylease.errors import ConfigurationError, SchemaMissing
+from pylease.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
+from pylease.postgres._abandon import bounded
+from pylease.postgres._conninfo import CONNECT_TIMEOUT
 from pylease.postgres._errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease.postgres._errors import wrap_errors as wrap_errors
 from pylease.postgres._syncrep import confirmed
 
 # sync: from pylease.postgres._backend_async import AsyncPostgresBackend as AsyncPostgresBackend
+
+T = TypeVar("T")
 
 
 #: Where ``lease_claim`` resolves by a connection's ``search_path``: the schema a
@@ -49,12 +56,13 @@ RESOLVE: LiteralString = (
     " WHERE p.oid = 'lease_claim(text,interval,text)'::pg_catalog.regprocedure"
 )
 
-_CALL = re.compile(r"(?<![\w.])(lease_\w+)\(")
+_CALL = re.compile(r"(?<![\w.])((?:lease|permit|pylease)_\w+)\(")
 _qualified: dict[tuple[str, str], str] = {}
 
 
 def qualified(statement: LiteralString, schema: str) -> LiteralString:
-    """``statement`` with every ``lease_*`` function call qualified by ``schema``."""
+    """``statement`` with every call of a function of pylease's (``lease_*``, ``permit_*``,
+    ``pylease_*``) qualified by ``schema``."""
     found = _qualified.get((statement, schema))
     if found is None:
         prefix = sql.Identifier(schema).as_string(None) + "."
@@ -162,6 +170,56 @@ class AsyncPostgresBackend(AsyncBackend):
                     await cur.execute("ROLLBACK")
             raise
         return rows
+
+
+async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnection[Any]:
+    """Open a connection of pylease's own: autocommit, no prepared statements; inside a
+    block's exit, within what is left of its budget."""
+    timeout = connect_timeout(name, int(CONNECT_TIMEOUT))
+    if timeout is not None:
+        conninfo = make_conninfo(conninfo, connect_timeout=timeout)
+    with wrap_errors(name):
+        return await psycopg.AsyncConnection.connect(
+            conninfo, autocommit=True, prepare_threshold=None
+        )
+
+
+async def run_committed(
+    conn: psycopg.AsyncConnection[Any], op: Callable[[AsyncBackend], Awaitable[T]]
+) -> T:
+    """Run ``op`` on an idle connection as a transaction of its own.
+
+    :raises ConfigurationError: the connection is not idle: its open transaction is
+        somebody else's, and a claim, renewal or release there would commit it.
+    """
+    if not conn.closed and not is_idle(conn):
+        raise ConfigurationError(
+            "pylease: a connection pylease was given for its own statements is inside a"
+            " transaction; pylease never runs a claim, renewal or release there (it would"
+            " commit that transaction)"
+        )
+    with bounded(conn):
+        if conn.autocommit:
+            return await op(AsyncPostgresBackend(conn))
+        try:
+            result = await op(AsyncPostgresBackend(conn))
+            try:
+                with wrap_errors():
+                    await conn.commit()
+            except DatabaseUnavailable as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.SerializationFailure):
+                    raise
+                # At the commit: a serializable default's verdict, not the race's (nothing
+                # committed). Once more, READ COMMITTED.
+                result = await op(AsyncPostgresBackend(conn, defaults=True))
+                with wrap_errors():
+                    await conn.commit()
+        except BaseException:
+            if not conn.closed:
+                with wrap_errors():
+                    await conn.rollback()
+            raise
+        return result
 
 
 # The schema found on a connection or pool the caller gave, the first time pylease

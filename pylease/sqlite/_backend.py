@@ -346,7 +346,9 @@ _SPECIAL: dict[str, Callable[[SqliteBackend, Operation, tuple[Any, ...]], Any]] 
     "release_all": _released_all,
     "permit_release": _released_permits,
     "permit_claim": _claimed_permits,
+    "permit_claim_new": _claimed_permits,
     "claim_all": _claimed_all,
+    "claim_all_new": _claimed_all,
 }
 
 

@@ -1,28 +1,35 @@
 -- renew_held: the keeper's renewal of everything a process holds, whatever its
--- kind, each element at its own ttl (internal; the PostgreSQL function is
--- pylease_renew_held). An element of kind 'lease' renews the lease as
--- renew_each.sql; one of kind 'permit' renews every slot of the semaphore that its
--- holder holds, all or nothing, as permit_renew.sql. Never earlier. A lost element,
--- or one of the other kind, is that element's "not renewed", never an error.
+-- kind, each element at its own ttl and only in the tenure the keeper knows
+-- (internal; the PostgreSQL function is pylease_renew_held). An element of kind
+-- 'lease' renews the lease as renew_each.sql, while its fence is the element's; one
+-- of kind 'permit' renews every slot of the semaphore that its holder holds, all or
+-- nothing, as permit_renew.sql, while the holder holds the element's slot with the
+-- element's fence. A null fence or slot: whatever tenure the holder has. Never
+-- earlier. A lost element (a late renewal of an earlier tenure of the same holder
+-- included), or one of the other kind, is that element's "not renewed", never an
+-- error.
 --
 -- Run its three statements in order inside one BEGIN IMMEDIATE ... COMMIT (the
 -- last one answers; under the write lock, what it reads is what the first two
--- renewed: a renewal changes no holder). Parameters (named):
+-- renewed: a renewal changes no holder and no fence). Parameters (named):
 --   :kinds    TEXT, a JSON array of 'lease' or 'permit', as long as :names
 --   :names    TEXT, a JSON array of names, e.g. '["sweep", "exports"]'
 --   :holders  TEXT, a JSON array of holders, as long as :names
 --   :ttls     TEXT, a JSON array of ttls in seconds (or null: the last ttl), as
 --             long as :names
+--   :fences   TEXT, a JSON array of fences (or null), as long as :names
+--   :slots    TEXT, a JSON array of slots (or null; a permit's), as long as :names
 -- Result: one row per element of :names, in order: (name TEXT, renewed INTEGER,
 -- expires_at REAL, server_time REAL, unix seconds; both NULL when not renewed); a
 -- semaphore's expires_at is the earliest of its holder's slots.
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
-wanted(name, holder, ttl) AS (
-    SELECT n.value, h.value, t.value
+wanted(name, holder, ttl, fence) AS (
+    SELECT n.value, h.value, t.value, f.value
       FROM json_each(:names) AS n
       JOIN json_each(:kinds) AS k ON k.key = n.key
       JOIN json_each(:holders) AS h ON h.key = n.key
       JOIN json_each(:ttls) AS t ON t.key = n.key
+      JOIN json_each(:fences) AS f ON f.key = n.key
      WHERE k.value = 'lease'
 )
 UPDATE pylease_leases
@@ -34,7 +41,10 @@ UPDATE pylease_leases
                         (SELECT w.ttl FROM wanted AS w
                           WHERE w.name = pylease_leases.name
                             AND w.holder = pylease_leases.holder), ttl))
- WHERE NOT released AND (name, holder) IN (SELECT name, holder FROM wanted);
+ WHERE NOT released
+   AND EXISTS (SELECT 1 FROM wanted AS w
+                WHERE w.name = pylease_leases.name AND w.holder = pylease_leases.holder
+                  AND (w.fence IS NULL OR w.fence = pylease_leases.fence));
 
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
 wanted(name, holder, ttl) AS (
@@ -43,7 +53,13 @@ wanted(name, holder, ttl) AS (
       JOIN json_each(:kinds) AS k ON k.key = n.key
       JOIN json_each(:holders) AS h ON h.key = n.key
       JOIN json_each(:ttls) AS t ON t.key = n.key
+      JOIN json_each(:fences) AS f ON f.key = n.key
+      JOIN json_each(:slots) AS s ON s.key = n.key
      WHERE k.value = 'permit'
+       AND EXISTS (SELECT 1 FROM pylease_permits AS q
+                    WHERE q.name = n.value AND q.holder = h.value AND NOT q.released
+                      AND (f.value IS NULL OR q.fence = f.value)
+                      AND (s.value IS NULL OR q.slot = s.value))
 ),
 whole(name, holder) AS (
     SELECT p.name, p.holder FROM pylease_permits AS p
@@ -62,22 +78,29 @@ UPDATE pylease_permits
                             AND w.holder = pylease_permits.holder), ttl))
  WHERE NOT released AND (name, holder) IN (SELECT name, holder FROM whole);
 
-WITH wanted(i, kind, name, holder) AS (
-    SELECT n.key, k.value, n.value, h.value
+WITH wanted(i, kind, name, holder, fence, slot) AS (
+    SELECT n.key, k.value, n.value, h.value, f.value, s.value
       FROM json_each(:names) AS n
       JOIN json_each(:kinds) AS k ON k.key = n.key
       JOIN json_each(:holders) AS h ON h.key = n.key
+      JOIN json_each(:fences) AS f ON f.key = n.key
+      JOIN json_each(:slots) AS s ON s.key = n.key
 ),
 found(i, expires_at, server_time) AS (
     SELECT w.i, l.expires_at, l.renewed_at
       FROM wanted AS w
       JOIN pylease_leases AS l ON l.name = w.name AND l.holder = w.holder AND NOT l.released
+                              AND (w.fence IS NULL OR l.fence = w.fence)
      WHERE w.kind = 'lease'
     UNION ALL
     SELECT w.i, min(p.expires_at), max(p.renewed_at)
       FROM wanted AS w
       JOIN pylease_permits AS p ON p.name = w.name AND p.holder = w.holder AND NOT p.released
      WHERE w.kind = 'permit'
+       AND EXISTS (SELECT 1 FROM pylease_permits AS q
+                    WHERE q.name = w.name AND q.holder = w.holder AND NOT q.released
+                      AND (w.fence IS NULL OR q.fence = w.fence)
+                      AND (w.slot IS NULL OR q.slot = w.slot))
      GROUP BY w.i
     HAVING count(*) = min(p.permits) AND count(*) = max(p.permits)
 )

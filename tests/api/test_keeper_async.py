@@ -30,6 +30,12 @@ from tests.support.leases import (
 
 AConn = psycopg.AsyncConnection[Any]
 
+# The keeper's renewal (0012), and what it falls back on before that (leases only).
+HELD_ARGS = "(text[], text[], text[], interval[], bigint[], integer[])"
+HELD = "pylease_renew_held" + HELD_ARGS
+EACH_ARGS = "(text[], text[], interval[])"
+EACH = "lease_renew_each" + EACH_ARGS
+
 
 async def test_each_database_gets_its_own_statement_per_tick(
     fresh_db: Any, pg_template: str
@@ -48,8 +54,8 @@ async def test_each_database_gets_its_own_statement_per_tick(
             assert await asleep_until(lambda: all(h._ticket.renewals >= 2 for h in helds))
         ticks = max(h._ticket.renewals for h in helds)
         for admin in admins:
-            assert wait_until(lambda a=admin: function_calls(a, "lease_renew_each") > 0)
-            calls = function_calls(admin, "lease_renew_each")
+            assert wait_until(lambda a=admin: function_calls(a, "pylease_renew_held") > 0)
+            calls = function_calls(admin, "pylease_renew_held")
             assert 2 <= calls <= ticks + 1, (calls, ticks)
     finally:
         for admin in admins:
@@ -107,19 +113,33 @@ async def test_a_renewal_failure_is_logged_and_retried(
         alease(aconn, "sweep", ttl=2) as held,
     ):
         assert await asleep_until(lambda: held._ticket.renewals >= 1)
-        await admin.execute(
-            "ALTER FUNCTION lease_renew_each(text[], text[], interval[]) RENAME TO gone"
-        )
+        # Both ways to renew: the one that names the tenure, and that of a schema before
+        # 0012, which the keeper falls back on.
+        await admin.execute(f"ALTER FUNCTION {HELD} RENAME TO gone")
+        await admin.execute(f"ALTER FUNCTION {EACH} RENAME TO gone_too")
         assert await asleep_until(
             lambda: any("renewing 1 lease" in r.getMessage() for r in caplog.records)
         )
-        await admin.execute(
-            "ALTER FUNCTION gone(text[], text[], interval[]) RENAME TO lease_renew_each"
-        )
+        await admin.execute(f"ALTER FUNCTION gone{HELD_ARGS} RENAME TO pylease_renew_held")
+        await admin.execute(f"ALTER FUNCTION gone_too{EACH_ARGS} RENAME TO lease_renew_each")
         renewals = held._ticket.renewals
         assert await asleep_until(lambda: held._ticket.renewals > renewals)
         await asleep(0.1)
         held.check()
+
+
+async def test_on_a_schema_before_0010_the_keeper_renews_by_holder(
+    aconn: AConn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "pylease")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        # As 0012's rollback leaves it: no renewal that names its tenure.
+        await admin.execute(f"DROP FUNCTION {HELD} CASCADE")
+        async with alease(aconn, "sweep", ttl=1) as held:
+            assert await asleep_until(lambda: held._ticket.renewals >= 3)
+            held.check()
+    said = [r.getMessage() for r in caplog.records if "renews by holder alone" in r.getMessage()]
+    assert len(said) == 1, said
 
 
 if True:  # ASYNC

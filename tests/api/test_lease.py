@@ -277,8 +277,8 @@ def test_a_thousand_leases_are_renewed_by_one_statement_per_tick(
     # Statistics reach the server when a backend reports them (the keeper's own
     # connection, at its end), not at once.
     assert wait_until(lambda: function_calls(conn, "lease_release") == 1000)
-    assert wait_until(lambda: function_calls(conn, "lease_renew_each") > 0)
-    calls = function_calls(conn, "lease_renew_each")
+    assert wait_until(lambda: function_calls(conn, "pylease_renew_held") > 0)
+    calls = function_calls(conn, "pylease_renew_held")
     # Every tick renews all the leases still held; the first one taken is released last.
     ticks = max(h._ticket.renewals for h in helds)
     assert 2 <= calls <= ticks + 1, (calls, ticks)

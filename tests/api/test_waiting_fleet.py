@@ -25,6 +25,7 @@ from pylease import _hub, lease
 from pylease._acompat import Event, sleep
 from pylease._resources import data_dir
 from tests.support.leases import (
+    CLAIM_BODY,
     Conn,
     backends,
     claim,
@@ -130,12 +131,12 @@ def test_a_release_costs_one_claim_per_waiting_process(dsn: str, conn: Conn) -> 
         return not backends(conn, "pylease-heartbeat")
 
     def counted() -> bool:
-        return function_calls(conn, "lease_claim") >= 30
+        return function_calls(conn, CLAIM_BODY) >= 30
 
     # pylease's connection ends with its last lease, and its statistics are flushed then.
     assert wait_until(source_closed, BOUND)
     assert wait_until(counted, BOUND)
-    claims = function_calls(conn, "lease_claim")
+    claims = function_calls(conn, CLAIM_BODY)
     # Each waiter's first, busy claim, the first waiter's claim once LISTENing, then one
     # claim per grant: about 2 per grant, where every release woke every waiter before.
     assert claims <= 2.5 * 30, claims

@@ -24,6 +24,7 @@ from pylease import _hub_async, alease
 from pylease._acompat import AEvent, asleep
 from pylease._resources import data_dir
 from tests.support.leases import (
+    CLAIM_BODY,
     AConn,
     abackends,
     aclaim,
@@ -130,12 +131,12 @@ async def test_a_release_costs_one_claim_per_waiting_process(dsn: str, aconn: AC
         return not await abackends(aconn, "pylease-heartbeat")
 
     async def counted() -> bool:
-        return await afunction_calls(aconn, "lease_claim") >= 30
+        return await afunction_calls(aconn, CLAIM_BODY) >= 30
 
     # pylease's connection ends with its last lease, and its statistics are flushed then.
     assert await await_until(source_closed, BOUND)
     assert await await_until(counted, BOUND)
-    claims = await afunction_calls(aconn, "lease_claim")
+    claims = await afunction_calls(aconn, CLAIM_BODY)
     # Each waiter's first, busy claim, the first waiter's claim once LISTENing, then one
     # claim per grant: about 2 per grant, where every release woke every waiter before.
     assert claims <= 2.5 * 30, claims

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from tests.api.test_waiting_fleet import BOUND, WAITING_PROCESS, release
-from tests.support.leases import claim, function_calls, track_functions, wait_until
+from tests.support.leases import CLAIM_BODY, claim, function_calls, track_functions, wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -55,8 +55,8 @@ def test_a_release_wakes_one_waiting_process_and_each_is_granted_once(dsn: str, 
     assert sorted(pid for _fence, pid in grants) == sorted(line)
     assert [fence for fence, _pid in grants] == list(range(first + 1, first + 9))
     assert queued() == []
-    assert wait_until(lambda: function_calls(conn, "lease_claim") >= 8, BOUND)
-    claims = function_calls(conn, "lease_claim")
+    assert wait_until(lambda: function_calls(conn, CLAIM_BODY) >= 8, BOUND)
+    claims = function_calls(conn, CLAIM_BODY)
     # Per process: its first, busy claim and the one that gets the lease.
     assert claims <= 2.5 * 8, claims
 

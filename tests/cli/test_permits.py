@@ -119,6 +119,18 @@ def test_renew_and_release_take_max_permits_and_only_the_holders_own(db: Db) -> 
     assert cli("renew", NAME, "--holder", "a", "--dsn", db.url).exit_code != 0
 
 
+def test_a_claim_with_the_holder_of_live_permits_is_busy_not_joined(db: Db) -> None:
+    """Two `pylease claim --holder a` (two processes given one holder): the second is
+    busy while the first's permits are live, as a lease's claim is (issue 21)."""
+    ok("claim", NAME, "--ttl", "1m", "--max-permits", "2", "--holder", "a", "--dsn", db.url)
+    held = in_use(db)
+    second = cli(
+        "claim", NAME, "--ttl", "1m", "--max-permits", "2", "--holder", "a", "--dsn", db.url
+    )
+    assert second.exit_code == 1, second.output
+    assert in_use(db) == held
+
+
 def test_a_claim_naming_another_limit_is_refused_naming_both(db: Db) -> None:
     ok("claim", NAME, "--ttl", "1m", "--max-permits", "2", "--dsn", db.url)
     other = cli("claim", NAME, "--ttl", "1m", "--max-permits", "3", "--dsn", db.url)

@@ -1335,6 +1335,59 @@ SCENARIOS += [
             ("status", (None,), [("a", "h1", MAX_FENCE, False)]),
         ],
     ),
+    # New tenures of permits and several names (issue 21): a holder the caller gave ----
+    (
+        "permit_claim_new of the holder's own live slots is busy and changes nothing",
+        [
+            ("permit_claim_new", ("s", 3, LONG, "h1", 2), Granted(2, 1)),
+            ("permits", ("s",), Keep("p")),
+            ("permit_claim_new", ("s", 3, DAY, "h1", 2), {}),
+            # Another number of permits is busy too, not a mistake: another process.
+            ("permit_claim_new", ("s", 3, DAY, "h1", 1), {}),
+            ("permits", ("s",), Same("p")),
+            ("counters", ("s",), [("s", 2, 0, 0, 0)]),
+            ("permit_claim_new", ("s", 3, LONG, "h2"), Granted(1, 1)),
+        ],
+    ),
+    (
+        "permit_claim_new of the holder's expired slots grants new fences and ends the rest",
+        [
+            ("permit_claim_new", ("s", 3, SHORT, "h1", 2), Granted(2, 1)),
+            sleep_past_short(),
+            # The slot taken first is taken again (a takeover, with the next fence); the
+            # other one is this holder's no more, so its renewal and release are whole.
+            ("permit_claim_new", ("s", 3, LONG, "h1", 1), Granted(1, 2)),
+            ("held_by", ("s",), ["h1"]),
+            ("permit_renew", ("s", "h1"), True),
+            ("counters", ("s",), [("s", 3, 1, 0, 0)]),
+            ("slot_events", ("s",), [("taken_over", "h1", 2, "h1", Anything())]),
+            ("permit_release", ("s", "h1"), True),
+            ("held_by", ("s",), []),
+        ],
+    ),
+    (
+        "claim_all_new of the holder's own live names is busy and changes nothing",
+        [
+            ("claim_all_new", (["a", "b"], LONG, "h1"), {"a": 1, "b": 1}),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("claim_all_new", (["c", "a"], DAY, "h1"), {}),
+            ("field", ("a", "expires_at"), Same("e")),
+            ("status", ("c",), []),
+            ("claim_all_new", (["c", "d"], LONG, "h1"), {"c": 1, "d": 1}),
+        ],
+    ),
+    (
+        "claim_all_new of the holder's own expired names takes them over with new fences",
+        [
+            ("claim_all_new", (["a", "b"], SHORT, "h1"), {"a": 1, "b": 1}),
+            sleep_past_short(),
+            ("claim_all_new", (["c", "a"], LONG, "h1"), {"a": 2, "c": 1}),
+            ("holds", ("a", "h1", 1), False),
+            ("holds", ("a", "h1", 2), True),
+            ("counters", ("a",), [("a", 2, 1, 0, 0)]),
+            ("history", ("a",), [("taken_over", "h1", 2, "h1")]),
+        ],
+    ),
     (
         "claim_all and release_all: bad arguments",
         [
@@ -1597,6 +1650,8 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         # is the backend's choice.
         rows = backend.permit_status(*args)
         return sorted(r.holder for r in rows if r.held)
+    if operation in ("permit_claim_new", "claim_all_new"):
+        return getattr(backend, operation.removesuffix("_new"))(*args, new=True)
     if operation == "field_member":
         grp, member, attribute = args
         rows = [r for r in backend.group_members(grp) if r.member == member]
@@ -1775,3 +1830,45 @@ def test_the_keepers_renewal_covers_every_kind_and_one_loss_fails_no_other(
     assert backend.renew_held([], [], [], []) == []
     with pytest.raises(InvalidArgument, match="kinds"):
         backend.renew_held(["semaphore"], ["a"], ["h1"], [None])
+
+
+def test_the_keepers_renewal_renews_only_the_tenure_it_names(backend: Backend) -> None:
+    """renew_held with fences (and a permit's slot): a late renewal of an earlier tenure
+    of the same holder (sent before it expired and was granted to that holder again)
+    renews nothing, on either backend; without fences it renews whatever the holder has."""
+    first = backend.claim_new("a", SHORT, "h1")
+    (slot, earlier), *_ = backend.permit_claim("s", 2, SHORT, "h1", new=True).items()
+    time.sleep(PAST_SHORT)
+    # Another process of the same holder: new tenures, new fences.
+    second = backend.claim_new("a", LONG, "h1")
+    slots = backend.permit_claim("s", 2, LONG, "h1", new=True)
+    assert first is not None and second is not None and second > first
+    assert slots == {slot: earlier + 1}
+    granted = {r.name: r.expires_at for r in backend.status("a")}
+    late = backend.renew_held(
+        ["lease", "permit"], ["a", "s"], ["h1", "h1"], [DAY, DAY], [first, earlier], [None, slot]
+    )
+    assert [r.renewed for r in late] == [False, False]
+    assert {r.name: r.expires_at for r in backend.status("a")} == granted
+    assert all(r.expires_at - r.renewed_at < DAY for r in backend.permit_status("s"))
+    now = backend.renew_held(
+        ["permit", "lease"],
+        ["s", "a"],
+        ["h1", "h1"],
+        [None, None],
+        [earlier + 1, second],
+        [slot, None],
+    )
+    assert [r.renewed for r in now] == [True, True]
+    # A permit's tenure is its slot with that slot's fence: another slot's does not match.
+    other = 1 - slot
+    assert [
+        r.renewed
+        for r in backend.renew_held(["permit"], ["s"], ["h1"], [None], [earlier + 1], [other])
+    ] == [False]
+    anyone = backend.renew_held(["lease", "permit"], ["a", "s"], ["h1", "h1"], [None, None])
+    assert [r.renewed for r in anyone] == [True, True]
+    with pytest.raises(InvalidArgument, match="fences"):
+        backend.renew_held(["lease"], ["a"], ["h1"], [None], [1, 2])
+    with pytest.raises(InvalidArgument, match="slots"):
+        backend.renew_held(["lease"], ["a"], ["h1"], [None], [1], ["x"])

@@ -139,6 +139,11 @@ SIGNATURES = {
         "TABLE(name text, fence bigint)",
     ),
     "lease_release_all": ("names text[], holder text", "TABLE(name text, released boolean)"),
+    # 0012: a new tenure of several names (issue 21).
+    "lease_claim_all_new": (
+        "names text[], ttl interval, holder text",
+        "TABLE(name text, fence bigint)",
+    ),
     # Names that are gone (contract 5.6).
     "lease_prune": ("idle_for interval", "bigint"),
 }
@@ -158,6 +163,11 @@ PERMIT_SIGNATURES = {
     ),
     "permit_set_max": ("name text, max_permits integer", "void"),
     "permit_revoke": ("name text, holder text", "boolean"),
+    # 0012: a new tenure of permits (issue 21).
+    "permit_claim_new": (
+        "name text, max_permits integer, ttl interval, holder text, permits integer DEFAULT 1",
+        "TABLE(slot integer, fence bigint)",
+    ),
 }
 GROUP_SIGNATURES = {
     "group_join": ("grp text, member text, ttl interval, data jsonb DEFAULT NULL::jsonb", "bigint"),
@@ -176,6 +186,12 @@ GROUP_SIGNATURES = {
 OVERLOADS = {
     # 0006: the release of one tenure (contract 5.6).
     "lease_release": ("name text, holder text, min_hold interval, fence bigint", "boolean"),
+    # 0012: renewals of one tenure (issue 21).
+    "lease_renew": ("name text, holder text, ttl interval, fence bigint", "boolean"),
+    "lease_renew_many": (
+        "names text[], holders text[], ttl interval, fences bigint[]",
+        "TABLE(name text, renewed boolean)",
+    ),
     # Groups: a renewal and a leave of one incarnation (NULL: whichever is live).
     "group_renew": ("grp text, member text, ttl interval, incarnation bigint", "boolean"),
     "group_leave": ("grp text, member text, incarnation bigint", "boolean"),

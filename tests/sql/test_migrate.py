@@ -35,6 +35,7 @@ IDS = [
     "pylease-0009-keeper",
     "pylease-0010-prune",
     "pylease-0011-groups",
+    "pylease-0012-tenure-renewals",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
@@ -144,7 +145,16 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
     with psycopg.connect(dsn) as c:
         quoted = c.execute("SELECT quote_ident(%s)", (schema,)).fetchone()[0]  # type: ignore[index]
         configs = c.execute(
-            "SELECT DISTINCT proconfig[1:1] FROM pg_proc WHERE pronamespace = %s::regnamespace",
+            "SELECT DISTINCT proconfig[1:1] FROM pg_proc WHERE pronamespace = %s::regnamespace"
+            " AND prosqlbody IS NULL",
+            (quoted,),
+        ).fetchall()
+        # The SQL functions (0012) call this schema's functions, resolved when created.
+        called = c.execute(
+            "SELECT DISTINCT r.pronamespace::regnamespace::text FROM pg_proc AS p"
+            " JOIN pg_depend AS d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid"
+            " JOIN pg_proc AS r ON d.refclassid = 'pg_proc'::regclass AND r.oid = d.refobjid"
+            " WHERE p.pronamespace = %s::regnamespace AND p.prosqlbody IS NOT NULL",
             (quoted,),
         ).fetchall()
         tables = c.execute(
@@ -153,6 +163,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
             (quoted,),
         ).fetchall()
     assert configs == [([f"search_path={quoted}, pg_temp"],)]
+    assert called == [(quoted,)]
     assert [t[0] for t in tables] == [
         "_pylease_yoyo_lock",
         "_yoyo_log",

@@ -20,18 +20,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.support.sessions import blocking_conn, one, wait_blocked
+
 Conn = psycopg.Connection[Any]
 Connect = Callable[..., Conn]
 
 HOUR = timedelta(hours=1)
 SHORT = timedelta(milliseconds=300)
 BOUND = 30.0  # seconds: the most a scripted step may take before the test fails
-
-
-def one(conn: Conn, query: Any, params: Any = ()) -> Any:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return row[0]
 
 
 def permits(conn: Conn, name: str, holder: str, max_permits: int, n: int = 1) -> dict[int, int]:
@@ -67,30 +63,10 @@ def expire_slots(conn: Conn, name: str) -> None:
     )
 
 
-def wait_blocked(observer: Conn, blocked: Conn, limit: float = BOUND) -> None:
-    """Return once ``blocked``'s backend waits for a lock; fail if it never does."""
-    pid = blocked.info.backend_pid
-    deadline = time.monotonic() + limit
-    while not one(
-        observer,
-        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-        (pid,),
-    ):
-        assert time.monotonic() < deadline, f"backend {pid} never blocked on a lock"
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def background() -> Iterator[Callable[..., Future[Any]]]:
     with ThreadPoolExecutor(max_workers=4) as pool:
         yield pool.submit
-
-
-def blocking_conn(connect: Connect) -> Conn:
-    """A session that gives up, rather than hanging the suite, if a lock never comes."""
-    c = connect()
-    c.execute("SET lock_timeout = '20s'")
-    return c
 
 
 # -- what a busy claim costs --------------------------------------------------

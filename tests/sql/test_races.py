@@ -15,17 +15,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.support.sessions import blocking_conn, one, wait_blocked
+
 Conn = psycopg.Connection[Any]
 Connect = Callable[..., Conn]
 
 HOUR = timedelta(hours=1)
 SHORT = timedelta(milliseconds=300)
-
-
-def one(conn: Conn, query: Any, params: Any = ()) -> Any:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return row[0]
 
 
 def wait_expired(conn: Conn, name: str, limit: float = 10.0) -> None:
@@ -37,36 +33,11 @@ def wait_expired(conn: Conn, name: str, limit: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def wait_blocked(observer: Conn, blocked: Conn, limit: float = 10.0) -> None:
-    """Return once ``blocked``'s backend waits for a lock; fail if it never does."""
-    pid = blocked.info.backend_pid
-    deadline = time.monotonic() + limit
-    while True:
-        waiting = one(
-            observer,
-            "SELECT wait_event_type = 'Lock' AND EXISTS"
-            " (SELECT FROM pg_locks WHERE pid = a.pid AND NOT granted)"
-            " FROM pg_stat_activity AS a WHERE pid = %s",
-            (pid,),
-        )
-        if waiting:
-            return
-        assert time.monotonic() < deadline, f"backend {pid} never blocked on a lock"
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def background() -> Iterator[Callable[..., Future[Any]]]:
     """Runs a call in a thread; the test later waits for it with ``.result()``."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield pool.submit
-
-
-def blocking_conn(connect: Connect) -> Conn:
-    """A session that gives up, rather than hanging the suite, if a lock never comes."""
-    c = connect()
-    c.execute("SET lock_timeout = '20s'")
-    return c
 
 
 # -- two claimers -------------------------------------------------------------

@@ -34,6 +34,7 @@ MIGRATIONS = [
     "pylease-0009-keeper",
     "pylease-0010-prune",
     "pylease-0011-groups",
+    "pylease-0012-tenure-renewals",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -60,16 +61,39 @@ FUNCTIONS = (
     "permit_status",
     "permit_set_max",
     "permit_revoke",
+    "permit_claim_new",
+    "lease_claim_all_new",
     "group_join",
     "group_renew",
     "group_leave",
     "group_members",
     "member_holds",
     "group_assignment",
-    # Internal (not in the contract), called by the keeper as the application's role:
-    # SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
+    # Internal (not in the contract), called by the keeper as the application's role,
+    # or by the SQL functions below (inlined into the caller's statement, so run as the
+    # caller): SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
     "pylease_renew_held",
+    "pylease_claim",
+    "pylease_permit_claim",
+    "pylease_claim_all",
 )
+# SQL functions whose body was parsed when it was created (0012): what they call was
+# resolved then, so no search_path can stand in for it and there is none to pin; they
+# run as the caller, and what they call is SECURITY DEFINER. (name, identity arguments).
+WRAPPERS = {
+    ("lease_claim", "name text, ttl interval, holder text"),
+    ("lease_claim_new", "name text, ttl interval, holder text"),
+    ("lease_renew", "name text, holder text, ttl interval"),
+    ("lease_renew_many", "names text[], holders text[], ttl interval"),
+    ("permit_claim", "name text, max_permits integer, ttl interval, holder text, permits integer"),
+    (
+        "permit_claim_new",
+        "name text, max_permits integer, ttl interval, holder text, permits integer",
+    ),
+    ("lease_claim_all", "names text[], ttl interval, holder text"),
+    ("lease_claim_all_new", "names text[], ttl interval, holder text"),
+    ("pylease_renew_held", "kinds text[], names text[], holders text[], ttls interval[]"),
+}
 HELPERS = (
     "pylease_check_key",
     "pylease_check_ttl",
@@ -89,7 +113,7 @@ HELPERS = (
     "pylease_assignment",
 )
 # The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
-WAITING_CLAIMS = ("lease_claim", "lease_claim_new", "lease_claim_all", "permit_claim", "group_join")
+WAITING_CLAIMS = ("pylease_claim", "pylease_claim_all", "pylease_permit_claim", "group_join")
 # Every object pylease owns is named like this; yoyo's bookkeeping is not ours.
 OURS = "(lease\\_%|pylease\\_%)"
 NOT_YOYO = "NOT (c.relname LIKE '\\_yoyo%' OR c.relname LIKE '\\_pylease\\_yoyo%')"
@@ -231,15 +255,20 @@ def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fre
 
 def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn) -> None:
     rows = conn.execute(
-        "SELECT proname, prosecdef, proconfig FROM pg_proc"
+        "SELECT proname, pg_get_function_identity_arguments(oid), prosecdef, proconfig,"
+        "       prosqlbody IS NOT NULL FROM pg_proc"
         " WHERE pronamespace = 'public'::regnamespace ORDER BY proname"
     ).fetchall()
     assert {r[0] for r in rows} == {*FUNCTIONS, *HELPERS}
-    for proname, secdef, config in rows:
+    assert {(r[0], r[1]) for r in rows if r[4]} == WRAPPERS
+    for proname, args, secdef, config, parsed in rows:
+        if parsed:
+            assert not secdef and config is None, proname
+            continue
         # A takeover waits a bounded time for a fenced transaction, then is busy.
         bound = ["lock_timeout=2s"] if proname in WAITING_CLAIMS else []
-        assert config == ["search_path=public, pg_temp", *bound], proname
-        assert secdef is (proname in FUNCTIONS), proname
+        assert config == ["search_path=public, pg_temp", *bound], (proname, args)
+        assert secdef is (proname in FUNCTIONS), (proname, args)
 
 
 @pytest.mark.parametrize(
@@ -460,6 +489,9 @@ def test_a_schema_of_look_alikes_earlier_in_the_search_path_changes_nothing(
         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('check_key ' || value) $$;
         CREATE FUNCTION evil.pylease_check_ttl(parameter text, value interval) RETURNS void
         LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('check_ttl') $$;
+        CREATE FUNCTION evil.pylease_claim(name text, ttl interval, holder text,
+                                           new_tenure boolean) RETURNS bigint
+        LANGUAGE sql AS $$ INSERT INTO evil.calls VALUES ('claim ' || name) RETURNING 99 $$;
         CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz
         LANGUAGE sql AS $$ SELECT timestamptz '2000-01-01' $$;
         CREATE FUNCTION evil.text_eq_always(text, text) RETURNS boolean
@@ -480,6 +512,7 @@ def test_a_schema_of_look_alikes_earlier_in_the_search_path_changes_nothing(
 
     assert conn.execute("SELECT lease_claim('sweep', '1 hour', 'me')").fetchone() == (1,)
     assert conn.execute("SELECT lease_claim('mine', '1 hour', 'you')").fetchone() == (None,)
+    assert conn.execute("SELECT lease_claim_new('mine', '1 hour', 'me')").fetchone() == (None,)
     with pytest.raises(pg_errors.InvalidParameterValue):
         conn.execute("SELECT lease_claim('', '1 hour', 'me')")
     assert conn.execute("SELECT lease_holds('sweep', 'me', 1)").fetchone() == (True,)
@@ -504,6 +537,7 @@ def test_a_non_public_schema_needs_usage_granted(dsn: str, conn: Conn, app_role:
     assert migrate(dsn, "leases", say=quiet) == MIGRATIONS
     config = conn.execute(
         "SELECT DISTINCT proconfig[1] FROM pg_proc WHERE pronamespace = 'leases'::regnamespace"
+        " AND prosqlbody IS NULL"
     ).fetchall()
     assert config == [("search_path=leases, pg_temp",)]
     set_role(conn, app_role)

@@ -74,6 +74,11 @@ async def await_until(predicate: Callable[[], Awaitable[object]], timeout: float
     return bool(await predicate())
 
 
+# The body every lease claim runs (lease_claim and lease_claim_new are SQL functions
+# inlined into the caller's statement, migration 0012): what counts the claims.
+CLAIM_BODY = "pylease_claim"
+
+
 def function_calls(conn: psycopg.Connection[Any], function: str) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(

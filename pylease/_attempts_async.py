@@ -1,0 +1,179 @@
+# The source of pylease/_attempts.py: tools/async_to_sync.py writes it from this file.
+"""What the wait engine tries: an :class:`Attempt`, one primitive's claim.
+
+A lease's (:class:`LeaseClaim`), permits' (:class:`PermitClaim`) and several names'
+(:class:`ClaimAll`): each says how to claim once, how to claim as a waiter (in one
+statement where the SQL has one), and what stands in the way when busy. With ``new``,
+each claims a new tenure (``lease_claim_new``, ``permit_claim_new``,
+``lease_claim_all_new``), for a holder the caller chose: another process that uses the
+holder is busy, never joined (contract 5.6). The engine that runs them is
+:mod:`pylease._waiting_async`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar
+
+from pylease._backend_async import AsyncBackend
+from pylease._held import Options
+from pylease._operations import LeaseRow, PermitRow
+
+#: What a granted attempt gives: a fence (a lease), slot -> fence (permits), name ->
+#: fence (several names).
+G_co = TypeVar("G_co", covariant=True)
+
+
+class Attempt(Protocol[G_co]):
+    """What a wait tries: one primitive's claim, as the engine calls it."""
+
+    #: The name whose releases (NOTIFY payloads) wake this wait.
+    name: str
+    #: Who claims, and for how long: what the log of a grant says.
+    holder: str
+    ttl: timedelta
+    #: A grant may leave more to grant (permits): the next waiter claims at once.
+    passes_on: bool
+    #: A busy attempt always reads what stood in the way, and the wait moves to its
+    #: name (several names: ``name`` becomes the first name in the way).
+    follows: bool
+
+    async def claim(self, b: AsyncBackend) -> G_co | None:
+        """A plain attempt: the grant, or None when busy."""
+
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[G_co | None, list[Any] | None]:
+        """A waiter's attempt in one statement where the SQL has one: (grant, None), or
+        (None, the status rows when ``status``, else None)."""
+
+    async def status(self, b: AsyncBackend) -> list[Any]:
+        """What stands in the way: status rows (``held``, ``holder``, ``expires_at``),
+        the first held one the earliest to free."""
+
+
+class LeaseClaim:
+    """The attempt of a lease: ``lease_claim(name, ttl, holder)``; with ``new``,
+    ``lease_claim_new``, for a holder the caller chose (see
+    :data:`pylease._operations.CLAIM_NEW`)."""
+
+    passes_on = False
+    follows = False
+
+    def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
+        self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
+
+    async def claim(self, b: AsyncBackend) -> int | None:
+        if self.new:
+            return await b.claim_new(self.name, self.ttl, self.holder)
+        return await b.claim(self.name, self.ttl, self.holder)
+
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        return await b.claim_waiting(
+            self.name, self.ttl, self.holder, status=status, queued_as=queued_as, new=self.new
+        )
+
+    async def status(self, b: AsyncBackend) -> list[LeaseRow]:
+        return await b.status(self.name)
+
+
+class PermitClaim:
+    """The attempt of permits: ``permit_claim(name, max_permits, ttl, holder, permits)``;
+    with ``new``, ``permit_claim_new``, for a holder the caller chose (as :class:`LeaseClaim`).
+
+    No one-statement waiting form: a waiter's attempt is the plain claim, and the
+    status a second statement when asked for (the busy claim still writes nothing).
+    """
+
+    passes_on = True
+    follows = False
+
+    def __init__(
+        self,
+        name: str,
+        max_permits: int,
+        ttl: timedelta,
+        holder: str,
+        permits: int,
+        *,
+        new: bool = False,
+    ) -> None:
+        self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
+        self.max_permits, self.permits = max_permits, permits
+
+    async def claim(self, b: AsyncBackend) -> dict[int, int] | None:
+        slots = await b.permit_claim(
+            self.name, self.max_permits, self.ttl, self.holder, self.permits, new=self.new
+        )
+        return slots or None
+
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[dict[int, int] | None, list[Any] | None]:
+        slots = await self.claim(b)
+        if slots is not None or not status:
+            return slots, None
+        return None, await self.status(b)
+
+    async def status(self, b: AsyncBackend) -> list[PermitRow]:
+        """The held slots, the first to expire first: a waiter wakes at that expiry."""
+        rows = await b.permit_status(self.name)
+        return sorted((r for r in rows if r.held), key=lambda r: r.expires_at)
+
+
+class ClaimAll:
+    """The attempt of several names at once: ``lease_claim_all(names, ttl, holder)``; with
+    ``new``, ``lease_claim_all_new``, for a holder the caller chose (as :class:`LeaseClaim`).
+
+    It waits on the first name in the way, in name order (``name``), holding none of
+    them meanwhile; no one-statement waiting form, as :class:`PermitClaim`.
+    """
+
+    passes_on = False
+    follows = True
+
+    def __init__(
+        self, names: Sequence[str], ttl: timedelta, holder: str, *, new: bool = False
+    ) -> None:
+        self.names = list(names)
+        self.order = sorted(self.names)
+        self.name, self.ttl, self.holder, self.new = self.order[0], ttl, holder, new
+
+    async def claim(self, b: AsyncBackend) -> dict[str, int] | None:
+        fences = await b.claim_all(self.names, self.ttl, self.holder, new=self.new)
+        return fences or None
+
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[dict[str, int] | None, list[Any] | None]:
+        fences = await self.claim(b)
+        if fences is not None:
+            return fences, None
+        return None, await self.status(b)
+
+    async def status(self, b: AsyncBackend) -> list[LeaseRow]:
+        """The status of the first name held by another holder, in name order (the wait
+        then follows it); none when every name is free by now."""
+        for name in self.order:
+            rows = await b.status(name)
+            if any(r.held and (self.new or r.holder != self.holder) for r in rows):
+                self.name = name
+                return rows
+        return []
+
+
+def fence_of(grant: object) -> int:
+    """The fence a grant is logged with: a lease's, or the first of several."""
+    if isinstance(grant, Mapping):
+        return int(next(iter(grant.values())))
+    assert isinstance(grant, int)
+    return grant
+
+
+def lease_attempt(opts: Options, holder: str) -> LeaseClaim:
+    """The attempt of a lease of ``opts`` claimed by ``holder``."""
+    # A holder the caller chose may be another process's too: claim a new tenure.
+    return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
