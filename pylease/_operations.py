@@ -312,6 +312,16 @@ PERMIT_RENEW = Operation(
 PERMIT_RELEASE = Operation(
     "permit_release", WRITE, "SELECT permit_release(%s, %s)", ("name", "holder"), FLAG
 )
+# The release of one tenure of permits (migration 0014), the one that holds ``slot``
+# with ``fence``: a late release of an earlier tenure then frees nothing once the same
+# holder holds slots again. A file of its own on SQLite, as release_tenure.
+PERMIT_RELEASE_TENURE = Operation(
+    "permit_release_tenure",
+    WRITE,
+    "SELECT permit_release(%s, %s, %s::integer, %s::bigint)",
+    ("name", "holder", "slot", "fence"),
+    FLAG,
+)
 PERMIT_HOLDS = Operation(
     "permit_holds",
     READ,
@@ -353,6 +363,14 @@ RELEASE_ALL = Operation(
     WRITE,
     "SELECT name, released FROM lease_release_all(%s::text[], %s)",
     ("names", "holder"),
+    tuple,
+)
+# Each name only in the tenure its fence names (migration 0014), as release_tenure.
+RELEASE_ALL_TENURE = Operation(
+    "release_all_tenure",
+    WRITE,
+    "SELECT name, released FROM lease_release_all(%s::text[], %s, %s::bigint[])",
+    ("names", "holder", "fences"),
     tuple,
 )
 
@@ -436,6 +454,7 @@ OPERATIONS = (
     PERMIT_CLAIM_NEW,
     PERMIT_RENEW,
     PERMIT_RELEASE,
+    PERMIT_RELEASE_TENURE,
     PERMIT_HOLDS,
     PERMIT_STATUS,
     PERMIT_SET_MAX,
@@ -443,6 +462,7 @@ OPERATIONS = (
     CLAIM_ALL,
     CLAIM_ALL_NEW,
     RELEASE_ALL,
+    RELEASE_ALL_TENURE,
     GROUP_JOIN,
     GROUP_RENEW,
     GROUP_LEAVE,
