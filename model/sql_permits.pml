@@ -34,7 +34,8 @@ byte kl[NR];            /* per row: open fenced transactions (permit_holds' FOR 
 byte cur;               /* the row loaded into `row` */
 byte ri, rk, rn;        /* scratch of a statement's loops (0 between statements) */
 byte racq;              /* scratch: lease_claim's acquired_at, unread here */
-byte rq;                /* scratch: the fence a statement names for the row it decides */
+byte rq;                /* scratch: the fence a statement names for the row it decides;
+                           permit_claim's: the holder's expired slot + 1 */
 
 inline load(r) {
     cur = r;
@@ -73,7 +74,9 @@ inline store() {
 #endif
 
 /* permit_claim_new(name, NR, ttl, holder, permits => 1): the fence, BUSY or EXHAUSTED,
-   and the slot granted. The model's claims take one permit each. */
+   and the slot granted. The model's claims take one permit each. The holder's expired
+   slot is not continued: the grant takes free slots as any claim does (its own among
+   them, unless a fenced transaction has it locked) and frees it if not taken again. */
 inline permit_claim(h, t, out, sl) {
     out = BUSY; sl = 0;
     ri = 0;
@@ -84,11 +87,6 @@ inline permit_claim(h, t, out, sl) {
     if
 #ifndef CLAIM_CONTINUES
     :: ri < NR && tab[ri].left > 0 -> skip   /* this holder's, unexpired: busy */
-    :: ri < NR && tab[ri].left == 0 ->
-        /* this holder's, expired: taken over with a new fence */
-        load(ri);
-        row.fence = NEXT_FENCE; new_tenure(h, t, KIND_CLAIM); out = row.fence;
-        store(); sl = ri
 #else
     :: ri < NR ->
         /* still this holder's (a retried claim): its slot again, extended never earlier */
@@ -97,6 +95,9 @@ inline permit_claim(h, t, out, sl) {
         store(); sl = ri
 #endif
     :: else ->
+        /* none of this holder's, or (a new tenure) its slot expired: a grant of free
+           slots, its expired one among them (remembered in rq, slot + 1) */
+        rq = (ri < NR -> ri + 1 : 0);
         /* busy: no slot free. Reads only. */
         rn = 0; ri = 0;
         do
@@ -119,11 +120,18 @@ inline permit_claim(h, t, out, sl) {
                 new_tenure(h, t, KIND_CLAIM);
                 out = row.fence
             fi;
-            store(); sl = ri
+            store(); sl = ri;
+            /* the holder's expired slot, not taken again (a fenced transaction of the
+               earlier tenure has it locked: skipped), is freed with the grant; its
+               fence stays */
+            if
+            :: out != EXHAUSTED && rq != 0 && rq - 1 != ri -> tab[rq - 1].released = 1
+            :: else -> skip
+            fi
         :: else -> skip        /* busy, or every free slot locked by another: busy */
         fi
     fi;
-    ri = 0; rk = 0; rn = 0
+    ri = 0; rk = 0; rn = 0; rq = 0
 }
 
 /* pylease_renew_held's permit element (holder h, while it holds slot s with fence f; f
