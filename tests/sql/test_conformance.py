@@ -2063,3 +2063,25 @@ def test_the_keepers_renewal_renews_only_the_tenure_it_names(backend: Backend) -
         backend.renew_held(["lease"], ["a"], ["h1"], [None], [1, 2])
     with pytest.raises(InvalidArgument, match="slots"):
         backend.renew_held(["lease"], ["a"], ["h1"], [None], [1], ["x"])
+
+
+def test_the_keepers_renewal_of_a_reader_names_its_epoch(backend: Backend) -> None:
+    """renew_held of kind 'shared' with fences: a reader's tenure is its epoch, so a late
+    renewal from before a writer came and went renews nothing once the same reader reads
+    again, on either backend; the current epoch (or None) renews the share."""
+    first = backend.claim_shared("a", LONG, "r")
+    assert first is not None
+    assert backend.release("a", "r") is True
+    writer = backend.claim("a", LONG, "w")
+    assert writer is not None and writer > first
+    assert backend.release("a", "w") is True
+    assert backend.claim_shared("a", LONG, "r") == writer
+    (row,) = backend.status("a")
+    late = backend.renew_held(["shared"], ["a"], ["r"], [DAY], [first], [None])
+    assert [r.renewed for r in late] == [False]
+    assert backend.status("a")[0].expires_at == row.expires_at
+    now = backend.renew_held(
+        ["shared", "shared"], ["a", "a"], ["r", "r"], [DAY, None], [writer, None], [None, None]
+    )
+    assert [r.renewed for r in now] == [True, True]
+    assert backend.status("a")[0].expires_at > row.expires_at
