@@ -20,7 +20,7 @@ import contextlib
 import multiprocessing
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +141,17 @@ def test_four_processes_never_more_than_two_believers(db: Db, tmp_path: Path) ->
 
 
 class Fleet:
-    """The hammering processes, each through a proxy of its own, and what broke them."""
+    """The hammering processes, each through a proxy of its own, and what broke them.
 
-    def __init__(self, witness: Witness, proxies: Sequence[Proxy]) -> None:
+    ``target`` is what each process runs, with ``hammer``'s arguments (readers and
+    writers hammer a lease instead: tests/api/test_readers_writers_witness.py)."""
+
+    def __init__(
+        self, witness: Witness, proxies: Sequence[Proxy], target: Callable[..., None] | None = None
+    ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.witness, self.proxies = witness, proxies
+        self.target = target or hammer
         self.holding = self.ctx.Array("b", len(proxies))
         self.hold_on = self.ctx.Array("b", len(proxies))
         self.until = time.monotonic() + FAULTY_RUN_FOR
@@ -158,7 +164,7 @@ class Fleet:
         """(Re)start process i, for what is left of the run."""
         left = max(self.until - time.monotonic(), 0.0)
         args = (self.proxies[i].dsn, self.witness, i, left, self.holding, self.hold_on)
-        self.workers[i] = self.ctx.Process(target=hammer, args=args, daemon=True)
+        self.workers[i] = self.ctx.Process(target=self.target, args=args, daemon=True)
         self.workers[i].start()
 
     def holder_index(self, rnd: random.Random) -> int | None:
