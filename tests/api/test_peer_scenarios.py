@@ -1,6 +1,7 @@
 """The semaphore and multi-lock scenarios of the peers' own suites, as pylease runs them
 (issue 24: Consul's ``lock -n``, Curator's InterProcessSemaphoreV2 and
-InterProcessMultiLock, DistributedLock's semaphore), on both backends.
+InterProcessMultiLock, DistributedLock's semaphore) and the shared locks of pals and
+django-pglocks (issue 25), on both backends.
 
 Each test names the peer behaviour it stands for, and where pylease's answer differs
 from the peer's, the docstring says what pylease promises instead.
@@ -8,6 +9,7 @@ from the peer's, the docstring says what pylease promises instead.
 
 from __future__ import annotations
 
+import gc
 import signal
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import psycopg
 import pytest
 
 import pylease
-from pylease import InvalidArgument, LeaseBusy, leases, permit
+from pylease import InvalidArgument, LeaseBusy, lease, leases, permit
 from tests.support.leases import join_workers, start_worker, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,3 +173,69 @@ def test_curator_multilock_waiters_in_opposite_orders_both_finish(url: str) -> N
     join_workers(workers)
     assert sorted(done) == ["a,b,c", "c,b,a"]
     assert wait_until(lambda: not any(pylease.locked(url, n) for n in "abc"))
+
+
+# Readers and writers: the shared-lock scenarios of pals' and django-pglocks' suites
+# (issue 25), whose advisory shared locks are bound to a session.
+
+
+def test_pals_shared_locks_are_held_together_and_keep_a_writer_out(url: str) -> None:
+    """pals ``lock(shared=True)`` twice at once; an exclusive lock of the name fails
+    while they are held, and succeeds once both are given back."""
+    with lease(url, "catalog", ttl=LONG, shared=True) as one:
+        with lease(url, "catalog", ttl=LONG, shared=True) as two:
+            assert one.fence == two.fence  # one epoch: the readers' shared tenure
+            with pytest.raises(LeaseBusy), lease(url, "catalog", ttl=LONG):
+                pass
+        with pytest.raises(LeaseBusy), lease(url, "catalog", ttl=LONG):
+            pass
+    with lease(url, "catalog", ttl=LONG) as writer:
+        assert writer.fence > one.fence
+
+
+def test_django_pglocks_a_shared_lock_fails_without_waiting_while_a_writer_holds(
+    url: str,
+) -> None:
+    """django-pglocks ``advisory_lock(id, shared=True, wait=False)`` returns False while
+    an exclusive lock is held; pylease's reader with ``wait=0`` is busy at once, and a
+    reader that waits is granted when the writer leaves."""
+    granted: dict[str, int] = {}
+
+    def reader() -> None:
+        with lease(url, "catalog", ttl=LONG, shared=True, wait=LONG) as held:
+            granted["epoch"] = held.fence
+
+    with lease(url, "catalog", ttl=LONG) as writer:
+        start = time.monotonic()
+        with pytest.raises(LeaseBusy), lease(url, "catalog", ttl=LONG, shared=True):
+            pass
+        assert time.monotonic() - start < LONG / 2
+        worker = start_worker(reader)
+        time.sleep(0.5)
+        assert not granted
+    join_workers([worker])
+    assert granted["epoch"] == writer.fence  # a reader's epoch: the last writer's fence
+
+
+def test_pals_a_collected_reader_gives_its_share_back(url: str) -> None:
+    """pals releases a lock its object's collection ends; a reader entered and dropped
+    gives its share back, so that a writer is granted at once."""
+    share = lease(url, "catalog", ttl=LONG, shared=True)
+    share.__enter__()
+    del share
+    gc.collect()
+    assert wait_until(lambda: not pylease.locked(url, "catalog"))
+    with lease(url, "catalog", ttl=LONG):
+        pass
+
+
+def test_a_stale_readers_epoch_is_rejected_after_a_writer_was_granted(dsn: str) -> None:
+    """A reader's fenced write (lease_holds with its epoch) fails once a writer was
+    granted the name: the pglock scenario of a reader that outlived its share."""
+    with lease(dsn, "catalog", ttl=LONG, shared=True) as reader:
+        epoch = reader.fence
+    with lease(dsn, "catalog", ttl=LONG), psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT lease_holds('catalog', %s, %s)", (reader.holder, epoch)
+        ).fetchone()
+        assert row == (False,)
