@@ -112,8 +112,8 @@ def _answers(batch: Sequence[Ticket], rows: Sequence[Any]) -> list[tuple[Any, ..
 async def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> bool:
     """Release the tenure of ``ticket`` through ``run`` (a link's or a source's), only
     that tenure, so that a late release of an earlier one frees nothing: a lease's (with
-    ``min_hold``), a holder's slots of a semaphore, or several names. True when all of
-    it was still ours."""
+    ``min_hold``), a reader's share (its epoch as the fence), a holder's slots of a
+    semaphore, or several names. True when all of it was still ours."""
     if ticket.names:
         fences = ticket.fences or {}
         return await _release_names(run, ticket.names, ticket.holder, fences)

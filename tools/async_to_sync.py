@@ -56,11 +56,11 @@ PAIRS = [
     ("pylease/_keeper_async.py", "pylease/_keeper.py"),
     ("pylease/_tenure_async.py", "pylease/_tenure.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
+    ("pylease/renewing_async.py", "pylease/renewing.py"),
     ("pylease/_standby_async.py", "pylease/_standby.py"),
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("pylease/permits_async.py", "pylease/permits.py"),
     ("pylease/inspection_async.py", "pylease/inspection.py"),
-    ("pylease/renewing_async.py", "pylease/renewing.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
@@ -70,6 +70,7 @@ PAIRS = [
     ("tests/leader/test_leader_async.py", "tests/leader/test_leader.py"),
     ("tests/api/test_belief_async.py", "tests/api/test_belief.py"),
     ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
+    ("tests/api/test_readers_async.py", "tests/api/test_readers.py"),
     ("tests/api/test_lock_api_async.py", "tests/api/test_lock_api.py"),
 ]
 
@@ -79,6 +80,7 @@ NAMES = {
     "_links_async": "_links",
     "_keeper_async": "_keeper",
     "leasing_async": "leasing",
+    "renewing_async": "renewing",
     "_waiting_async": "_waiting",
     "_attempts_async": "_attempts",
     "_hub_async": "_hub",
@@ -88,7 +90,6 @@ NAMES = {
     "arun_exclusive": "run_exclusive",
     "akeep_fresh": "keep_fresh",
     "inspection_async": "inspection",
-    "renewing_async": "renewing",
     "alocked": "locked",  # and astatus, with the tests' helpers below
     # permits and several names
     "permits_async": "permits",
@@ -166,6 +167,8 @@ NAMES = {
     "AConn": "Conn",
     "aconn2": "conn2",
     "asleep_until": "wait_until",
+    "aenter_once": "enter_once",
+    "atogether": "together",
     "await_until": "wait_until",
     "afunction_calls": "function_calls",
     "atrack_functions": "track_functions",

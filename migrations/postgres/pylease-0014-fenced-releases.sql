@@ -9,7 +9,7 @@
 --   * permit_release(name, holder) and lease_release_all(names, holder) stay, as calls
 --     of these with NULL tenures (SQL functions whose bodies are parsed at creation,
 --     as 0012's).
--- depends: pylease-0012-tenure-renewals
+-- depends: pylease-0013-shared
 
 DO $pin$
 BEGIN
