@@ -214,6 +214,12 @@ def new_tenure(op: Operation) -> Operation:
     return Operation(op.name + "_new", op.kind, postgres, op.sqlite, op.answer)
 
 
+def of_tenure(op: Operation, casts: LiteralString, params: tuple[str, ...]) -> Operation:
+    """``op`` freeing only the tenure ``params`` name (0014); SQLite: ``<name>_tenure``."""
+    postgres = op.postgres[:-1] + ", " + casts + ")"
+    return Operation(op.name + "_tenure", op.kind, postgres, op.sqlite + params, op.answer)
+
+
 CLAIM_NEW = new_tenure(CLAIM)
 RENEW = Operation(
     "renew", GRANT, "SELECT lease_renew(%s, %s, %s)", ("name", "holder", "ttl_seconds"), FLAG
@@ -301,19 +307,9 @@ HISTORY = Operation(
     LeaseEvent,
 )
 PRUNE_HISTORY = Operation(
-    "prune_history",
-    WRITE,
-    "SELECT lease_prune_history(%s)",
-    ("older_than_seconds",),
-    COUNT,
+    "prune_history", WRITE, "SELECT lease_prune_history(%s)", ("older_than_seconds",), COUNT
 )
-PRUNE = Operation(
-    "prune",
-    WRITE,
-    "SELECT lease_prune(%s)",
-    ("idle_for_seconds",),
-    COUNT,
-)
+PRUNE = Operation("prune", WRITE, "SELECT lease_prune(%s)", ("idle_for_seconds",), COUNT)
 
 
 # Permits (contract 5.1): a semaphore whose slots are fenced leases.
@@ -335,16 +331,7 @@ PERMIT_RENEW = Operation(
 PERMIT_RELEASE = Operation(
     "permit_release", WRITE, "SELECT permit_release(%s, %s)", ("name", "holder"), FLAG
 )
-# The release of one tenure of permits (migration 0014), the one that holds ``slot``
-# with ``fence``: a late release of an earlier tenure then frees nothing once the same
-# holder holds slots again. A file of its own on SQLite, as release_tenure.
-PERMIT_RELEASE_TENURE = Operation(
-    "permit_release_tenure",
-    WRITE,
-    "SELECT permit_release(%s, %s, %s::integer, %s::bigint)",
-    ("name", "holder", "slot", "fence"),
-    FLAG,
-)
+PERMIT_RELEASE_TENURE = of_tenure(PERMIT_RELEASE, "%s::integer, %s::bigint", ("slot", "fence"))
 PERMIT_HOLDS = Operation(
     "permit_holds",
     READ,
@@ -388,14 +375,7 @@ RELEASE_ALL = Operation(
     ("names", "holder"),
     tuple,
 )
-# Each name only in the tenure its fence names (migration 0014), as release_tenure.
-RELEASE_ALL_TENURE = Operation(
-    "release_all_tenure",
-    WRITE,
-    "SELECT name, released FROM lease_release_all(%s::text[], %s, %s::bigint[])",
-    ("names", "holder", "fences"),
-    tuple,
-)
+RELEASE_ALL_TENURE = of_tenure(RELEASE_ALL, "%s::bigint[]", ("fences",))
 
 # Readers and writers (contract 5.2): a reader's claim, and every holder of every kind.
 CLAIM_SHARED = Operation(
