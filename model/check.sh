@@ -32,9 +32,11 @@ else
 fi
 
 # verify KIND NAME LTL DEFINES...: KIND pass (errors: 0, search complete), fail (a mutant:
-# errors >= 1), or gap (the code as it is, which the model shows unsafe, errors >= 1,
+# errors >= 1), gap (the code as it is, which the model shows unsafe, errors >= 1,
 # documented in docs/model.md; it becomes a pass configuration once the code is fixed,
-# as the reused explicit holder of permits and names did with migration 0014).
+# as the reused explicit holder of permits and names did with migration 0014), or reach
+# (a state the configurations must be able to reach, so that a property had something
+# to judge: LTL says it never happens, and the search must find a run to it).
 verify() {
     local kind=$1 name=$2 ltl=$3
     shift 3
@@ -67,12 +69,13 @@ verify() {
         local steps
         # The counterexample replayed: its length in the model's named transitions.
         steps=$(cd "$dir" && spin -t -T "$@" pylease.pml 2>/dev/null | grep -cE '^(client [0-9]+|server|helper|operator): |^tick ' || true)
-        local what=mutant found=caught
+        local what=mutant found=caught run="counterexample"
         [ "$kind" = gap ] && what=gap && found="unsafe as known"
+        [ "$kind" = reach ] && what=reach && found=reachable && run="a run"
         if grep -q 'errors: [1-9]' <<< "$verdict"; then
-            echo "$what $name [$ltl] $*: $found, counterexample of $steps steps; $verdict; ${took}s"
+            echo "$what $name [$ltl] $*: $found, $run of $steps steps; $verdict; ${took}s"
         else
-            echo "$what $name [$ltl] $*: FAIL: no counterexample; $verdict; ${took}s"
+            echo "$what $name [$ltl] $*: FAIL: no $run found; $verdict; ${took}s"
             failed=1
         fi
     fi
@@ -99,6 +102,13 @@ if [ "$set_name" = deep ]; then
     verify pass permits-kept3  all    -DSLOW=0 -DPERMITS=2 -DNC=3 -DTRIES=1 -DKEEPERS=1
     verify pass names-retries  all    -DSLOW=0 -DNAMES=1
     verify pass permits-reused2 all   -DSLOW=0 -DPERMITS=2 -DBLOCKS0=2
+    verify pass readers-two-kept  all -DSLOW=0 -DREADERS=2 -DNC=3 -DTRIES=1
+    verify pass readers-two-writes all -DSLOW=0 -DREADERS=2 -DNC=3 -DTRIES=1 -DKEEPERS=1 -DWRITES=1
+    verify pass readers-writers-kept all -DSLOW=0 -DREADERS=1 -DNC=3 -DTRIES=1
+    verify pass readers-slow-writes all -DSLOW=1 -DREADERS=1 -DWRITES=1
+    verify pass readers-writer-blocks all -DSLOW=1 -DREADERS=1 -DBLOCKS=2 -DBLOCKS0=1
+    verify pass readers-two-slow  all -DSLOW=1 -DREADERS=2 -DNC=3 -DTRIES=1 -DKEEPERS=1
+    verify pass readers-two-retries all -DSLOW=0 -DREADERS=2 -DNC=3 -DKEEPERS=1
 else
     # One configuration per feature: a clean model, then each feature on its own.
     verify pass base           all    -DSLOW=0
@@ -124,6 +134,14 @@ else
     # the later one (issue 24; docs/model.md, "A reused explicit holder").
     verify pass permits-reused-holder all -DSLOW=0 -DPERMITS=1 -DBLOCKS0=2
     verify pass names-reused-holder   all -DSLOW=0 -DNAMES=2 -DBLOCKS0=2
+    # Readers and writers (issue 25): client 0 reads, the others write; with two
+    # readers, reader 1 and the writer hold for one ttl (heartbeat off).
+    verify pass readers          all    -DSLOW=0 -DREADERS=1
+    verify pass readers-slow     all    -DSLOW=1 -DREADERS=1
+    verify pass readers-writes   all    -DSLOW=0 -DREADERS=1 -DWRITES=1
+    verify pass readers-min-hold all    -DSLOW=0 -DREADERS=1 -DMIN_HOLD=2
+    verify pass readers-two      all    -DSLOW=0 -DREADERS=2 -DNC=3 -DTRIES=1 -DKEEPERS=1
+    verify pass readers-writers  all    -DSLOW=0 -DREADERS=1 -DNC=3 -DTRIES=1 -DKEEPERS=2
 fi
 
 # Every property has a seeded bug that must be caught (issue 21 items 5, 17, 18 among them).
@@ -148,6 +166,20 @@ verify fail claim-all-caller-order no_deadlock    -DSLOW=0 -DNAMES=1 -DMUT_CLAIM
 # tenure of a reused holder frees the later one under its believer.
 verify fail permit-release-holder-only belief     -DSLOW=0 -DPERMITS=1 -DBLOCKS0=2 -DMUT_RELEASE_HOLDER_ONLY
 verify fail release-all-holder-only    belief     -DSLOW=0 -DNAMES=2 -DBLOCKS0=2 -DMUT_RELEASE_HOLDER_ONLY
+# Readers and writers (issue 25). Two readers believe at once: a state the search reaches.
+verify reach readers-overlap readers_overlap -DSLOW=0 -DREADERS=2 -DNC=3 -DTRIES=1 -DKEEPERS=1
+verify fail writer-ignores-readers     rw_exclusion -DSLOW=0 -DREADERS=1 -DMUT_WRITER_IGNORES_READERS
+verify fail reader-ignores-writer      rw_exclusion -DSLOW=0 -DREADERS=1 -DMUT_READER_IGNORES_WRITER
+verify fail reader-no-takeover         rw_exclusion -DSLOW=0 -DREADERS=1 -DMUT_READER_NO_TAKEOVER
+verify fail reader-belief-from-arrival rw_exclusion -DSLOW=0 -DREADERS=1 -DMUT_BELIEF_FROM_ARRIVAL
+# As late-answer-revives: either rule alone keeps the promise (the answer revives no
+# belief; the renewal names its epoch), so only both removed are caught.
+verify fail reader-renew-no-epoch      belief       -DSLOW=0 -DREADERS=1 -DMUT_LATE_ANSWER_REVIVES -DMUT_READER_RENEW_NO_EPOCH
+verify fail reader-holds-without-lock  epoch_fenced -DSLOW=0 -DREADERS=1 -DWRITES=1 -DMUT_HOLDS_NOLOCK
+# A reader's explicit holder reused (a later block, another process): the claim
+# continues the share, and the earlier release (of the same epoch) deletes it under
+# its believer (docs/model.md, "A reused explicit holder of a reader").
+verify gap  readers-reused-holder      rw_exclusion -DSLOW=0 -DREADERS=1 -DBLOCKS0=2
 
 echo "model-check ($set_name): done in $(( $(date +%s) - start_all ))s"
 if [ "$failed" -ne 0 ]; then

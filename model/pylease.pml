@@ -1,6 +1,7 @@
 /*
  * pylease's lease protocol, one name, checked exhaustively with SPIN; with PERMITS, the
- * permits of one semaphore; with NAMES, claims of two names (sql_permits.pml).
+ * permits of one semaphore; with NAMES, claims of two names (sql_permits.pml); with
+ * READERS, readers and writers of the one name (sql_readers.pml).
  *
  * Parties: NC clients, each running BLOCKS lease blocks (claim, body, release) with a
  * keeper that renews; the database (one primary, optionally one failover to a standby);
@@ -11,7 +12,8 @@
  * transition is named after the SQL function or keeper step it stands for.
  *
  * Properties (one line each, at the end): belief, fenced, fence_once; with PERMITS,
- * permits and fence_grows; with NAMES, all_or_nothing, no_deadlock and fence_grows.
+ * permits and fence_grows; with NAMES, all_or_nothing, no_deadlock and fence_grows;
+ * with READERS, rw_exclusion, epoch_fenced, and readers_overlap (a state to reach).
  * Configuration and mutants are -D macros; see check.sh and docs/model.md. Mutants
  * here: MUT_BELIEF_FROM_ARRIVAL, MUT_NO_DRIFT_MARGIN (issue 21 item 18),
  * MUT_LATE_ANSWER_REVIVES with MUT_RENEW_NO_FENCE, MUT_RELEASE_NO_FENCE (item 17, with
@@ -70,8 +72,15 @@
                            (lease_claim_all) in opposite orders; 2, client 0 claims both,
                            client 1 B alone and client 2 (NC 3) A alone */
 #endif
+#ifndef READERS
+#define READERS 0       /* N > 0: clients 0..N-1 are readers (lease(..., shared=True)),
+                           the others writers, of the one name (sql_readers.pml) */
+#endif
 #define SLOTS 2         /* requests a client may have outstanding (sent, not yet run) */
 #define KINDS (PERMITS > 0 || NAMES > 0)
+#if READERS && (KINDS || HELPER || STEAL || FAILOVER || !EXPLICIT || READERS > 2 || READERS >= NC)
+#error "READERS is 1 or 2 readers beside at least one writer, explicit holders, without helper, steal, failover, permits, names"
+#endif
 #if KINDS && (HELPER || STEAL || FAILOVER || MIN_HOLD || !EXPLICIT)
 #error "PERMITS and NAMES model explicit holders without helper, steal, failover, min_hold"
 #endif
@@ -137,7 +146,30 @@ bool partial;       /* a claim of several names granted some of them, not all */
 #endif
 
 #define AGE_CAP MIN_HOLD    /* only min_hold reads a tenure's age */
+#if READERS
+/* sql_readers.pml's share k holds: unexpired, of the name's current epoch. sql.pml's
+   takeover is busy while one does, and an exclusive grant deletes every share. */
+#define LIVE_SHARE(k) (shx[k] && shep[k] == row.fence && shl[k] > 0)
+#ifdef MUT_WRITER_IGNORES_READERS
+#define READERS_LIVE 0      /* the takeover's test of unexpired shares left out */
+#elif READERS > 1
+#define READERS_LIVE (LIVE_SHARE(0) || LIVE_SHARE(1))
+#else
+#define READERS_LIVE LIVE_SHARE(0)
+#endif
+#if READERS > 1
+#define DROP_SHARES shx[0] = 0; shep[0] = 0; shl[0] = 0; shx[1] = 0; shep[1] = 0; shl[1] = 0
+#else
+#define DROP_SHARES shx[0] = 0; shep[0] = 0; shl[0] = 0
+#endif
+bool stale_epoch;   /* a reader's fenced write committed after a writer was granted */
+#endif
 #include "sql.pml"
+#if READERS
+#include "sql_readers.pml"
+#endif
+/* Client c is a reader (lease(..., shared=True)): its fence is its epoch. */
+#define READER(c) ((c) < READERS)
 #if KINDS
 #include "sql_permits.pml"
 byte top[NR];       /* per slot or name: the highest fence granted */
@@ -414,12 +446,21 @@ end:
 #endif
         st[c] = CLAIMING; wrote[c] = !WRITES; tries[c] = 1;
         send(c, OP_CLAIM, 0);
-        printf(SAYS_CLAIM, c, hid[c]) }
+        if
+        :: READER(c) -> printf("client %d: lease(shared=True) sends lease_claim_shared (holder %d)\n", c, hid[c])
+        :: else -> printf(SAYS_CLAIM, c, hid[c])
+        fi }
     /* acquire(): the claim's reply; a grant starts the Ticket at the claim's send time */
     :: d_step { st[c] == CLAIMING && aw[c] != NOSLOT && rdone[c] ->
         if
         :: rval[c] != BUSY && rval[c] != EXHAUSTED && !REFUSED(c) ->
             st[c] = HELD; fen[c] = rval[c]; lost[c] = 0;
+#if READERS
+            if
+            :: READER(c) -> fen[c] = rval[c] - 1        /* the epoch (EPOCH_ANSWER) */
+            :: else -> skip
+            fi;
+#endif
 #if PERMITS
             sl[c] = rsl[c];
 #elif NAMES
@@ -427,7 +468,10 @@ end:
 #endif
             el[c] = EXPIRES_IN(c, TTL);
             pre[c] = 0; tries[c] = 0;
-            printf(SAYS_GRANT, c, GRANT_ARGS(c), el[c])
+            if
+            :: READER(c) -> printf("client %d: acquire() granted epoch %d, believes %d ticks\n", c, fen[c], el[c])
+            :: else -> printf(SAYS_GRANT, c, GRANT_ARGS(c), el[c])
+            fi
         :: else -> printf("client %d: acquire() busy (%d)\n", c, rval[c])
         fi;
         aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; CLEAR_EXTRA(c) }
@@ -443,7 +487,10 @@ end:
     :: d_step { c < KEEPERS && st[c] == HELD && !lost[c] && el[c] <= RENEW_AT && el[c] > KEEPER_MARGIN &&
                 aw[c] == NOSLOT && FREE_SLOT(c) ->
         send(c, OP_RENEW, RENEW_FENCE(c));
-        printf(SAYS_RENEW, c) }
+        if
+        :: READER(c) -> printf("client %d: keeper sends pylease_renew_held (shared, its epoch)\n", c)
+        :: else -> printf(SAYS_RENEW, c)
+        fi }
     /* keeper _renew(): the answer; Ticket.renewed(sent_at, granted) or the loss */
     :: d_step { st[c] == HELD && aw[c] != NOSLOT && rdone[c] ->
         if
@@ -468,8 +515,16 @@ end:
         :: else -> skip                              /* the stale write is rejected */
         fi }
 #else
-        lease_holds(hid[c], fen[c], txn[c]);
-        printf("client %d: fenced write: lease_holds(fence %d) = %d\n", c, fen[c], txn[c]);
+        if
+#if READERS
+        :: READER(c) ->
+            lease_holds_shared(hid[c], fen[c], txn[c]);
+            printf("client %d: fenced write: lease_holds(epoch %d) = %d\n", c, fen[c], txn[c])
+#endif
+        :: else ->
+            lease_holds(hid[c], fen[c], txn[c]);
+            printf("client %d: fenced write: lease_holds(fence %d) = %d\n", c, fen[c], txn[c])
+        fi;
         if
         :: txn[c] -> txf[c] = fen[c]; txl[c] = (keylock > 0)
         :: else -> skip                              /* the stale write is rejected */
@@ -491,7 +546,10 @@ end:
 #else
     :: d_step { txn[c] ->
         if
-        :: row.fence != txf[c] -> stale_write = 1
+#if READERS
+        :: row.fence != txf[c] && READER(c) -> stale_epoch = 1
+#endif
+        :: row.fence != txf[c] && !READER(c) -> stale_write = 1
         :: else -> skip
         fi;
         if
@@ -508,7 +566,10 @@ end:
        and the statement may still run late, or never. */
     :: d_step { st[c] == HELD && aw[c] == NOSLOT && FREE_SLOT(c) ->
         send(c, OP_RELEASE, fen[c]);
-        printf(SAYS_RELEASE, c, fen[c]);
+        if
+        :: READER(c) -> printf("client %d: block ends, sends lease_release(epoch %d)\n", c, fen[c])
+        :: else -> printf(SAYS_RELEASE, c, fen[c])
+        fi;
         next_block(c) }
     /* a statement whose answer does not come is abandoned (the source drops the
        connection): it may still run on the server later, or never (it was lost) */
@@ -707,21 +768,41 @@ inline claim_all_done(i) {
    sender still waits for it. */
 inline run_request(i) {
     if
-    :: rop[i] == OP_CLAIM ->
+#if READERS
+    /* a reader's: lease_claim_shared, and the renewal and release of its share, which
+       name its epoch (sql_readers.pml) */
+    :: rop[i] == OP_CLAIM && READER(i / SLOTS) ->
+        lease_claim_shared(rh[i], TTL, out);
+        printf("server: lease_claim_shared(holder %d) = %d (epoch + 1; row: fence %d left %d)\n", rh[i], out, row.fence, row.left);
+        ANSWER(i, out)
+    :: rop[i] == OP_RENEW && READER(i / SLOTS) ->
+        lease_renew_shared(rh[i], TTL, rf[i], ok, granted);
+        printf("server: pylease_renew_held(shared, holder %d, epoch %d) = %d, granted %d\n", rh[i], rf[i], ok, granted);
+        ANSWER(i, ok);
+        if
+        :: aw[i / SLOTS] == i -> rgr[i / SLOTS] = granted
+        :: else -> skip
+        fi
+    :: rop[i] == OP_RELEASE && READER(i / SLOTS) ->
+        lease_release_shared(rh[i], rf[i], ok);
+        printf("server: lease_release(holder %d, epoch %d) = %d\n", rh[i], rf[i], ok);
+        ANSWER(i, ok)
+#endif
+    :: rop[i] == OP_CLAIM && !READER(i / SLOTS) ->
         lease_claim(rh[i], TTL, out, acq); SYNC_COMMIT;
         printf("server: lease_claim(holder %d) = %d (row: holder %d fence %d left %d)\n", rh[i], out, row.holder, row.fence, row.left);
         if
         :: aw[i / SLOTS] == i -> rdone[i / SLOTS] = 1; rval[i / SLOTS] = out
         :: else -> skip
         fi
-    :: rop[i] == OP_RENEW ->
+    :: rop[i] == OP_RENEW && !READER(i / SLOTS) ->
         lease_renew(rh[i], TTL, rf[i], ok, granted); SYNC_COMMIT;
         printf("server: pylease_renew_held(holder %d, fence %d) = %d, granted %d\n", rh[i], rf[i], ok, granted);
         if
         :: aw[i / SLOTS] == i -> rdone[i / SLOTS] = 1; rval[i / SLOTS] = ok; rgr[i / SLOTS] = granted
         :: else -> skip
         fi
-    :: rop[i] == OP_RELEASE ->
+    :: rop[i] == OP_RELEASE && !READER(i / SLOTS) ->
         lease_release(rh[i], MIN_HOLD, rf[i], ok);
         printf("server: lease_release(holder %d, fence %d) = %d\n", rh[i], rf[i], ok);
         if
@@ -836,6 +917,18 @@ end:
         :: row.left > 0 -> row.left--
         :: else -> skip
         fi;
+#if READERS
+        if
+        :: shl[0] > 0 -> shl[0]--
+        :: else -> skip
+        fi;
+#if READERS > 1
+        if
+        :: shl[1] > 0 -> shl[1]--
+        :: else -> skip
+        fi;
+#endif
+#endif
         if
         :: row.exists && row.age < AGE_CAP -> row.age++
         :: else -> skip
@@ -901,12 +994,25 @@ init {
 #define NOBODY_WRONGED (UNWRONGED(0) && UNWRONGED(1))
 #endif
 
-#if PERMITS
+#if PERMITS || READERS
 #if NC > 2
 #define BELIEVERS (BELIEVES(0) + BELIEVES(1) + BELIEVES(2))
 #else
 #define BELIEVERS (BELIEVES(0) + BELIEVES(1))
 #endif
+#endif
+
+#if READERS
+/* A writer believes beside nobody: no other writer, no reader. (A reader wronged by a
+   writer granted after its epoch, who believes no longer, is `belief`'s: a reader's
+   fence is its epoch, and a later exclusive grant is a grant to another tenure.) */
+#define WB(c) (BELIEVES(c) && !READER(c))
+#if NC > 2
+#define WRITER_BELIEVES (WB(0) || WB(1) || WB(2))
+#else
+#define WRITER_BELIEVES (WB(0) || WB(1))
+#endif
+#define RW_EXCLUSION (!WRITER_BELIEVES || BELIEVERS <= 1)
 #endif
 
 #if NAMES
@@ -944,6 +1050,19 @@ ltl no_deadlock    { [] !deadlock }
 /* A name's fence only grows. */
 ltl fence_grows    { [] !regress }
 ltl all            { [] (NOBODY_WRONGED && ALL_OR_NOTHING && !deadlock && !regress) }
+#elif READERS
+ltl fence_once     { [] !reissued }
+/* Never a believing writer beside another believing holder, reader or writer. */
+ltl rw_exclusion   { [] RW_EXCLUSION }
+/* A reader's fenced write (lease_holds with its epoch) never commits after a writer
+   was granted. */
+ltl epoch_fenced   { [] !stale_epoch }
+#if READERS > 1
+/* Violated when two readers believe at once: check.sh's `reach` line wants that state
+   found (the readers run in parallel, and rw_exclusion had overlaps to judge). */
+ltl readers_overlap { [] !(BELIEVES(0) && BELIEVES(1)) }
+#endif
+ltl all            { [] (NOBODY_WRONGED && RW_EXCLUSION && !stale_write && !stale_epoch && !reissued) }
 #else
 /* No fence is issued twice, across a failover too. */
 ltl fence_once { [] !reissued }
@@ -954,5 +1073,4 @@ ltl fences     { [] (!stale_write && !reissued) }
 #endif
 
 /* Where later primitives go (docs/model.md, "Adding a primitive"):
-   ltl shared_exclusive { [] ... }   a shared holder never overlaps an exclusive one
    ltl partitions       { [] ... }   never two believing owners of a partition */

@@ -7,7 +7,8 @@
  *
  * Included by pylease.pml (the protocol) and decisions.pml (the decision table that
  * tests/model/test_decisions.py replays against both backends). An includer may define
- * GRANTED(kind) before including this file: it runs at every new tenure.
+ * GRANTED(kind) before including this file: it runs at every new tenure; and, with
+ * readers (sql_readers.pml), READERS_LIVE and DROP_SHARES.
  *
  * Mutants (-D): MUT_RENEW_EARLIER, MUT_RECLAIM_EARLIER (issue 21 item 5),
  * MUT_NO_TIMELINE_FLOOR, MUT_RELEASE_ANY_HOLDER, MUT_RELEASE_NO_FENCE (item 17),
@@ -26,6 +27,14 @@
 
 #ifndef GRANTED
 #define GRANTED(kind) skip
+#endif
+/* With readers (sql_readers.pml): unexpired shares of the name's epoch keep a takeover
+   out, and an exclusive grant deletes the name's shares. Without them, nothing. */
+#ifndef READERS_LIVE
+#define READERS_LIVE 0
+#endif
+#ifndef DROP_SHARES
+#define DROP_SHARES skip
 #endif
 
 /* The row of pylease_leases for the one name. Times are kept relative to the
@@ -115,8 +124,11 @@ inline lease_claim(h, t, out, acq) {
         :: row.fence == FENCE_MAX -> out = EXHAUSTED
         :: row.fence != FENCE_MAX && keylock > 0 ->
             out = BUSY                       /* lock_timeout behind a fenced transaction */
-        :: row.fence != FENCE_MAX && keylock == 0 ->
+        :: row.fence != FENCE_MAX && keylock == 0 && READERS_LIVE ->
+            out = BUSY                       /* read by readers (sql_readers.pml) */
+        :: row.fence != FENCE_MAX && keylock == 0 && !READERS_LIVE ->
             row.fence = NEXT_FENCE;          /* free: released, or a takeover */
+            DROP_SHARES;                     /* its readers are over */
             new_tenure(h, t, KIND_CLAIM);
             out = row.fence
         fi
