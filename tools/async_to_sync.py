@@ -61,6 +61,8 @@ PAIRS = [
     ("pylease/permits_async.py", "pylease/permits.py"),
     ("pylease/inspection_async.py", "pylease/inspection.py"),
     ("pylease/renewing_async.py", "pylease/renewing.py"),
+    ("pylease/membership_async.py", "pylease/membership.py"),
+    ("pylease/partitioning_async.py", "pylease/partitioning.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
@@ -98,6 +100,14 @@ NAMES = {
     "AsyncNames": "Names",
     "AsyncLostCallback": "LostCallback",
     "AsyncTarget": "Target",
+    # groups and partitions
+    "membership_async": "membership",
+    "partitioning_async": "partitioning",
+    "agroup": "group",
+    "apartitions": "partitions",
+    "AsyncGroup": "Group",
+    "AsyncPartitions": "Partitions",
+    "AsyncBell": "Bell",
     # leader election
     "leadership_async": "leadership",
     "_standby_async": "_standby",
