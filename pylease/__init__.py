@@ -16,6 +16,7 @@ from pylease.errors import (
     InvalidArgument,
     LeaseBusy,
     LeaseLost,
+    MemberLive,
     MigrationError,
     PyleaseError,
     ReadOnlyServer,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from pylease.leasing import Lease, Outcome, lease, run_exclusive
     from pylease.leasing_async import AsyncLease, alease, arun_exclusive
     from pylease.membership import Group, group
-    from pylease.membership_async import AsyncGroup, MemberLive, agroup
+    from pylease.membership_async import AsyncGroup, agroup
     from pylease.partitioning import Partitions, partitions
     from pylease.partitioning_async import AsyncPartitions, apartitions
     from pylease.permits import leases, permit
@@ -73,7 +74,6 @@ _HOMES = {
     "Group": "pylease.membership",
     "group": "pylease.membership",
     "AsyncGroup": "pylease.membership_async",
-    "MemberLive": "pylease.membership_async",
     "agroup": "pylease.membership_async",
     "Partitions": "pylease.partitioning",
     "partitions": "pylease.partitioning",

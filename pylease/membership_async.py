@@ -37,7 +37,7 @@ from pylease._links_async import check as check_target
 from pylease._operations import MemberRow
 from pylease._ticket import AsyncTicket, Ticket
 from pylease._types import AsyncTarget, Duration
-from pylease.errors import LeaseBusy, LeaseLost
+from pylease.errors import LeaseLost, MemberLive
 
 logger = logging.getLogger("pylease")
 
@@ -64,17 +64,6 @@ async def renew_members(source: AsyncSource, batch: Sequence[Ticket]) -> list[tu
         return out
 
     return await source.run(renew, name=batch[0].name, retry=True, urgent=True)
-
-
-class MemberLive(LeaseBusy):
-    """That member name is live in the group: a member is one incarnation at a time."""
-
-    def __init__(self, grp: str, member: str) -> None:
-        super().__init__(grp, holder=member)
-        self.args = (
-            f"member {member!r} of group {grp!r} is live elsewhere (a member name is one"
-            " incarnation at a time: give each process a name of its own, or none)",
-        )
 
 
 class AsyncBell:

@@ -36,9 +36,9 @@ from pylease._links import check as check_target
 from pylease._standby import call
 from pylease._types import Duration, Target
 from pylease._waiting import WaitStopped
-from pylease.errors import LeaseBusy, LeaseLost, PyleaseError
+from pylease.errors import LeaseBusy, LeaseLost, MemberLive, PyleaseError
 from pylease.leasing import Lease, block_options
-from pylease.membership import Bell, Group, MemberLive, until_next_read
+from pylease.membership import Bell, Group, until_next_read
 
 logger = logging.getLogger("pylease")
 

@@ -36,9 +36,9 @@ from pylease._links_async import check as check_target
 from pylease._standby_async import call
 from pylease._types import AsyncTarget, Duration
 from pylease._waiting_async import WaitStopped
-from pylease.errors import LeaseBusy, LeaseLost, PyleaseError
+from pylease.errors import LeaseBusy, LeaseLost, MemberLive, PyleaseError
 from pylease.leasing_async import AsyncLease, block_options
-from pylease.membership_async import AsyncBell, AsyncGroup, MemberLive, until_next_read
+from pylease.membership_async import AsyncBell, AsyncGroup, until_next_read
 
 logger = logging.getLogger("pylease")
 

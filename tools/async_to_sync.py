@@ -73,6 +73,7 @@ PAIRS = [
     ("tests/api/test_belief_async.py", "tests/api/test_belief.py"),
     ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
     ("tests/api/test_lock_api_async.py", "tests/api/test_lock_api.py"),
+    ("tests/api/test_groups_async.py", "tests/api/test_groups.py"),
 ]
 
 NAMES = {
