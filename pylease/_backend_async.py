@@ -32,6 +32,7 @@ from pylease._operations import (
     GROUP_LEAVE,
     GROUP_MEMBERS,
     GROUP_RENEW,
+    GROUP_STATUS,
     HISTORY,
     HOLDS,
     MEMBER_HOLDS,
@@ -60,6 +61,7 @@ from pylease._operations import (
     UNWAIT,
     WAIT,
     CounterRow,
+    GroupRow,
     LeaseEvent,
     LeaseRow,
     MemberRow,
@@ -447,6 +449,12 @@ class AsyncBackend:
         params = (_checks.group(grp), _checks.partitions(partitions))
         rows = await self._call(GROUP_ASSIGNMENT, params, grp)
         return {part: member for part, member in rows}
+
+    async def group_status(self, grp: str | None = None) -> list[GroupRow]:
+        """``group_status``: every group ever joined (or ``grp``), by name."""
+        params = (None if grp is None else _checks.group(grp),)
+        result: list[GroupRow] = await self._call(GROUP_STATUS, params, grp)
+        return result
 
     # Waiting (PostgreSQL): the engine of pylease._waiting_async calls these.
 

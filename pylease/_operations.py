@@ -169,6 +169,19 @@ class MemberRow:
     data: Json
 
 
+@dataclass(frozen=True)
+class GroupRow:
+    """One row of ``group_status``: a group ever joined."""
+
+    grp: str
+    #: How many of its members are live now.
+    members: int
+    #: The last incarnation it issued.
+    incarnation: int
+    #: The earliest expiry of a live member (None: none is live).
+    expires_at: datetime | None
+
+
 # The operations ----------------------------------------------------------------------
 
 CLAIM = Operation(
@@ -400,6 +413,14 @@ GROUP_ASSIGNMENT = Operation(
     ("grp", "partitions"),
     tuple,
 )
+# 0015: the groups ever joined, for operators (status, metrics).
+GROUP_STATUS = Operation(
+    "group_status",
+    READ,
+    "SELECT grp, members, incarnation, expires_at FROM group_status(%s)",
+    ("grp",),
+    GroupRow,
+)
 
 # The keeper's renewal across kinds (contract 5, "the keeper across kinds"): internal,
 # not in the contract. One statement renews the leases and the semaphore slots of a
@@ -449,6 +470,7 @@ OPERATIONS = (
     GROUP_MEMBERS,
     MEMBER_HOLDS,
     GROUP_ASSIGNMENT,
+    GROUP_STATUS,
     RENEW_HELD,
 )
 

@@ -2514,6 +2514,24 @@ COMMENT ON FUNCTION group_assignment(text, integer) IS
 COMMENT ON FUNCTION pylease_assignment(text[], integer) IS
     'pylease (internal): the assignment of partitions to a set of members, as group_assignment gives it.';
 
+-- Every group ever joined (all when grp is NULL), ordered by name (by its bytes, as
+-- SQLite orders): its live members, the last incarnation it issued, and the earliest
+-- expiry of a live member (NULL when none is live).
+CREATE FUNCTION group_status(grp text DEFAULT NULL)
+RETURNS TABLE(grp text, members integer, incarnation bigint, expires_at timestamptz)
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pylease_check_group($1) WHERE $1 IS NOT NULL;
+    SELECT g.grp, count(m.member)::integer, g.incarnation, min(m.expires_at)
+      FROM pylease_groups AS g
+      LEFT JOIN pylease_members AS m ON m.grp = g.grp AND m.expires_at > clock_timestamp()
+     WHERE $1 IS NULL OR g.grp = $1
+     GROUP BY g.grp, g.incarnation
+     ORDER BY g.grp COLLATE "C";
+$$;
+
+COMMENT ON FUNCTION group_status(text) IS
+    'pylease: every group ever joined (or one): live members, the last incarnation issued, the earliest expiry of a live member.';
+
 -- Privileges ------------------------------------------------------------------
 
 -- A slot's first grant (its fence leaves 0) starts above the floor as well; later

@@ -1545,6 +1545,22 @@ SCENARIOS += [
         ],
     ),
     (
+        "group: group_status lists every group ever joined, with its live members",
+        [
+            ("group_status", (), []),
+            ("group_join", ("g", "a", LONG), 1),
+            ("group_join", ("g", "b", SHORT), 2),
+            ("group_join", ("f", "a", SHORT), 1),
+            ("group_status", (), [("f", 1, 1, True), ("g", 2, 2, True)]),
+            sleep_past_short(),
+            ("group_status", (), [("f", 0, 1, False), ("g", 1, 2, True)]),
+            ("group_leave", ("g", "a"), True),
+            ("group_status", ("g",), [("g", 0, 2, False)]),
+            ("group_status", ("nobody",), []),
+            ("group_status", ("",), Raises("pylease: grp must not be empty")),
+        ],
+    ),
+    (
         "group: bad arguments raise, naming the parameter, and store nothing",
         [
             ("group_join", (None, "a", LONG), Raises("pylease: grp must not be NULL")),
@@ -1682,6 +1698,9 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         return [(r.name, r.holder, r.fence, r.held) for r in result]
     if operation == "group_members":
         return [(r.member, r.incarnation, r.data) for r in result]
+    if operation == "group_status":
+        # (group, live members, last incarnation, whether a member is live to expire)
+        return [(r.grp, r.members, r.incarnation, r.expires_at is not None) for r in result]
     if operation == "status_page":
         return [(r.name, r.holder, r.fence, r.held, r.grants, r.matching) for r in result]
     if operation == "renew_each":

@@ -36,6 +36,7 @@ IDS = [
     "pylease-0010-prune",
     "pylease-0011-groups",
     "pylease-0012-tenure-renewals",
+    "pylease-0015-groups-kept",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

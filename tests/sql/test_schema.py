@@ -35,6 +35,7 @@ MIGRATIONS = [
     "pylease-0010-prune",
     "pylease-0011-groups",
     "pylease-0012-tenure-renewals",
+    "pylease-0015-groups-kept",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -69,6 +70,7 @@ FUNCTIONS = (
     "group_members",
     "member_holds",
     "group_assignment",
+    "group_status",
     # Internal (not in the contract), called by the keeper as the application's role,
     # or by the SQL functions below (inlined into the caller's statement, so run as the
     # caller): SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
