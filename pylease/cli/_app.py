@@ -51,6 +51,7 @@ ORDER = (
     "steal",
     "status",
     "permits",
+    "members",
     "history",
     "prune",
     "prune-history",
