@@ -170,6 +170,14 @@ class Group:
         if error is not None and exc is None:
             raise error
 
+    def acquire(self) -> Group:
+        """Enter the block without ``with``: a membership held across callbacks."""
+        return self.__enter__()
+
+    def release(self) -> None:
+        """Leave it as the block does (:class:`LeaseLost` if the membership was lost)."""
+        self.__exit__(None, None, None)
+
     def join(self) -> int:
         """Join the group (again, after a loss: a new incarnation); the incarnation.
 

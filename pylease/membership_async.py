@@ -177,6 +177,14 @@ class AsyncGroup:
         if error is not None and exc is None:
             raise error
 
+    async def acquire(self) -> AsyncGroup:
+        """Enter the block without ``async with``: a membership held across callbacks."""
+        return await self.__aenter__()
+
+    async def release(self) -> None:
+        """Leave it as the block does (:class:`LeaseLost` if the membership was lost)."""
+        await self.__aexit__(None, None, None)
+
     async def join(self) -> int:
         """Join the group (again, after a loss: a new incarnation); the incarnation.
 

@@ -142,6 +142,14 @@ class Partitions:
 
     # The block ----------------------------------------------------------------------
 
+    def acquire(self) -> Partitions:
+        """Enter the block without ``with``: partitions held across callbacks."""
+        return self.__enter__()
+
+    def release(self) -> None:
+        """Leave it as the block does: revoke every partition, release, leave the group."""
+        self.__exit__(None, None, None)
+
     def __enter__(self) -> Partitions:
         if self._entered:
             raise RuntimeError("pylease: a partitions block can be entered once")

@@ -142,6 +142,14 @@ class AsyncPartitions:
 
     # The block ----------------------------------------------------------------------
 
+    async def acquire(self) -> AsyncPartitions:
+        """Enter the block without ``async with``: partitions held across callbacks."""
+        return await self.__aenter__()
+
+    async def release(self) -> None:
+        """Leave it as the block does: revoke every partition, release, leave the group."""
+        await self.__aexit__(None, None, None)
+
     async def __aenter__(self) -> AsyncPartitions:
         if self._entered:
             raise RuntimeError("pylease: a partitions block can be entered once")
