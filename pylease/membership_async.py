@@ -32,7 +32,7 @@ from pylease._budget import begin, exit_deadline
 from pylease._held import callable_option, default_holder
 from pylease._hub_async import AsyncWatcher
 from pylease._keeper_async import keeper
-from pylease._links_async import AsyncLink, AsyncSource, link
+from pylease._links_async import AsyncLink, AsyncSource, link, own_link
 from pylease._links_async import check as check_target
 from pylease._operations import MemberRow
 from pylease._ticket import AsyncTicket, Ticket
@@ -148,8 +148,11 @@ class AsyncGroup:
         *,
         on_lost: MemberLostCallback | None = None,
         heartbeat_target: object = None,
+        background: bool = False,
     ) -> None:
         self._target = target
+        # Used from a thread (task) of pylease's: never on the caller's connection.
+        self._background = background
         self._heartbeat_target = heartbeat_target
         self.group = grp
         self.member = member or default_holder()
@@ -193,7 +196,8 @@ class AsyncGroup:
         grp, member, ttl, data = self.group, self.member, self.ttl, self._data
         link_ = self._link
         if link_ is None:
-            link_ = self._link = link(self._target, heartbeat_target=self._heartbeat_target)
+            make = own_link if self._background else link
+            link_ = self._link = make(self._target, heartbeat_target=self._heartbeat_target)
         sent_at = monotonic()
         try:
             incarnation = await link_.run(

@@ -32,8 +32,10 @@ from typing import Any
 from pylease import _checks
 from pylease._acompat import AMutex, AWorker, aspawn
 from pylease._held import Held, callable_option
+from pylease._links_async import AsyncLink, own_link
 from pylease._links_async import check as check_target
 from pylease._standby_async import call
+from pylease._ticket import AsyncTicket
 from pylease._types import AsyncTarget, Duration
 from pylease._waiting_async import WaitStopped
 from pylease.errors import LeaseBusy, LeaseLost, MemberLive, PyleaseError
@@ -53,13 +55,23 @@ PartsCallback = Callable[[list[int]], object]
 
 
 class _PartLease(AsyncLease):
-    """A partition's lease block. The rebalancer and the waiters claim partitions of one
-    group in turns on threads (tasks) that come and go, so the rule against a nested
-    block of a name held under another holder (meant for a body that would wait for
-    itself) does not apply; nor is one taken back in a caller's transaction."""
+    """A partition's lease block, claimed and released by the rebalancer and the waiters,
+    threads (tasks) that come and go, on pylease's own connection: so the rule against a
+    nested block of a name held under another holder (meant for a body that would wait
+    for itself) does not apply, nor is one kept or taken back for a caller's transaction."""
 
     _adoptable = False
     _exclusive = False
+
+    def _make_link(self) -> AsyncLink:
+        # Claimed and released in the background: never on the caller's connection.
+        return own_link(self._target, heartbeat_target=self._heartbeat_target)
+
+    async def _defer(self, link_: AsyncLink, ticket: AsyncTicket, exc: object) -> bool:
+        # Released at once, whatever the caller's connection is doing: a revoked
+        # partition held until the caller's transaction ends would hold up the group.
+        # A fenced write still open there holds off the next owner's claim by its lock.
+        return False
 
 
 class _Stop:
@@ -407,6 +419,7 @@ def apartitions(
         ttl_,
         _valid_data(data),
         heartbeat_target=heartbeat_target,
+        background=True,
     )
     return AsyncPartitions(
         target,

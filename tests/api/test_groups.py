@@ -154,3 +154,25 @@ def test_a_dead_members_partitions_are_taken_over(db: Db) -> None:
         for part in taken:
             fence = p.fence(part)
             assert other.holds(f"{GRP}#{part}", "alive", fence)
+
+
+def test_partitions_never_claim_inside_the_callers_transaction(conn: Any, dsn: str) -> None:
+    """The rebalancer works in the background: on pylease's own connection, never on the
+    caller's, which may be inside a transaction of the caller's meanwhile."""
+    conn.execute("BEGIN")
+    conn.execute("SELECT 1")
+    with partitions(conn, GRP, 8, ttl=30, member="a") as a:
+        assert a.owned == list(range(8))
+        with partitions(dsn, GRP, 8, ttl=30, member="b") as b:
+            assert wait_until(lambda: len(b.owned) == 4, BOUND), b.owned
+            conn.execute("ROLLBACK")
+            assert wait_until(lambda: len(a.owned) == 4, BOUND), a.owned
+            rows = {
+                r[0]: r[1]
+                for r in (
+                    conn.execute("SELECT name, holder FROM lease_status() WHERE state = 'held'")
+                ).fetchall()
+            }
+            assert rows == {f"{GRP}#{x}": "a" for x in a.owned} | {
+                f"{GRP}#{x}": "b" for x in b.owned
+            }

@@ -154,3 +154,27 @@ async def test_a_dead_members_partitions_are_taken_over(db: Db) -> None:
         for part in taken:
             fence = p.fence(part)
             assert other.holds(f"{GRP}#{part}", "alive", fence)
+
+
+async def test_partitions_never_claim_inside_the_callers_transaction(aconn: Any, dsn: str) -> None:
+    """The rebalancer works in the background: on pylease's own connection, never on the
+    caller's, which may be inside a transaction of the caller's meanwhile."""
+    await aconn.execute("BEGIN")
+    await aconn.execute("SELECT 1")
+    async with apartitions(aconn, GRP, 8, ttl=30, member="a") as a:
+        assert a.owned == list(range(8))
+        async with apartitions(dsn, GRP, 8, ttl=30, member="b") as b:
+            assert await asleep_until(lambda: len(b.owned) == 4, BOUND), b.owned
+            await aconn.execute("ROLLBACK")
+            assert await asleep_until(lambda: len(a.owned) == 4, BOUND), a.owned
+            rows = {
+                r[0]: r[1]
+                for r in await (
+                    await aconn.execute(
+                        "SELECT name, holder FROM lease_status() WHERE state = 'held'"
+                    )
+                ).fetchall()
+            }
+            assert rows == {f"{GRP}#{x}": "a" for x in a.owned} | {
+                f"{GRP}#{x}": "b" for x in b.owned
+            }
