@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: test deps lint typecheck docs pytest venv bench demo clean generate generate-check \
-	model-check model-check-deep
+	model-check model-check-deep soak
 
 venv: $(STAMP)
 
@@ -58,6 +58,13 @@ model-check:
 
 model-check-deep:
 	@model/check.sh deep
+
+# `make soak`: the permits witness under SIGKILL and black holes, round after round,
+# until SOAK_GRANTS grants were judged (a few minutes; not part of `make test`).
+SOAK_GRANTS ?= 2000
+soak: venv
+	PYLEASE_SOAK_GRANTS=$(SOAK_GRANTS) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+		tests/api/test_permits_witness.py -k soak
 
 test: deps model-check lint typecheck docs pytest
 

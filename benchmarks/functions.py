@@ -37,7 +37,8 @@ CLAIM_ARGS = ("new_tenure boolean)", "new_tenure boolean DEFAULT false)")
 RELEASE_COUNTERS = re.compile(r",\s*releases\s*=\s*l\.releases \+ 1")
 # The guards the contract asks of every function, taken out for the "bare" copies: the
 # pinned search_path of SECURITY DEFINER, the claim's bounded wait for a fenced
-# transaction (lock_timeout and the exception block that makes it busy), the release's
+# transaction (lock_timeout and the exception block that makes it busy, and the check for
+# a reader that came first), the release's
 # NOTIFY and its flush skip (the bench runs without the flush on both sides anyway).
 SECURITY = [
     (re.compile(r"\n SECURITY DEFINER"), ""),
@@ -49,7 +50,8 @@ CLAIM_GUARDS = [
     (
         re.compile(
             r"BEGIN\n(\s+UPDATE pylease_leases AS l\n\s+SET fence.*?;\n)"
-            r"\s*EXCEPTION WHEN lock_not_available THEN.*?END;\n",
+            # (and, since 0013, the check for readers granted while it waited)
+            r".*?\s*EXCEPTION WHEN lock_not_available.*?END;\n",
             flags=re.S,
         ),
         r"\1",

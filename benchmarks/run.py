@@ -26,6 +26,7 @@ from benchmarks.contention import bench_contention
 from benchmarks.fleet import bench_fleet
 from benchmarks.functions import bench_functions
 from benchmarks.peers import bench_peers
+from benchmarks.permits import bench_permits
 from benchmarks.python_level import bench_handover, bench_python
 from benchmarks.sql_level import bench_busy, bench_cycle, bench_heartbeat
 from benchmarks.startup import bench_startup
@@ -46,6 +47,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "functions": bench_functions,
     "fleet": bench_fleet,
     "startup": bench_startup,
+    "permits": bench_permits,
 }
 
 

@@ -2,9 +2,13 @@
 # Change the source and run `python tools/async_to_sync.py`.
 """What the wait engine tries: an :class:`Attempt`, one primitive's claim.
 
-A lease's (:class:`LeaseClaim`), permits' (:class:`PermitClaim`) and several names'
-(:class:`ClaimAll`): each says how to claim once, how to claim as a waiter (in one
-statement where the SQL has one), and what stands in the way when busy. With ``new``,
+A lease's (:class:`LeaseClaim`), a reader's (:class:`SharedClaim`), permits'
+(:class:`PermitClaim`) and several names' (:class:`ClaimAll`): each says how to claim
+once, how to claim as a waiter (in one statement where the SQL has one), and what stands
+in the way when busy. What sets them apart for the engine: whether a grant may leave
+more to grant (``passes_on``), whether a busy one waits on the name in the way
+(``follows``), and whether the waiting process takes a place in the queue of waiting
+processes (``queues``: writers do, readers do not). With ``new``,
 each claims a new tenure (``lease_claim_new``, ``permit_claim_new``,
 ``lease_claim_all_new``), for a holder the caller chose: another process that uses the
 holder is busy, never joined (contract 5.6). The engine that runs them is
@@ -39,6 +43,9 @@ class Attempt(Protocol[G_co]):
     #: A busy attempt always reads what stood in the way, and the wait moves to its
     #: name (several names: ``name`` becomes the first name in the way).
     follows: bool
+    #: The waiting process takes a place in the queue of waiting processes (a writer's
+    #: claim; a reader's does not: that queue is what holds new readers off).
+    queues: bool
 
     def claim(self, b: Backend) -> G_co | None:
         """A plain attempt: the grant, or None when busy."""
@@ -61,6 +68,7 @@ class LeaseClaim:
 
     passes_on = False
     follows = False
+    queues = True
 
     def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
         self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
@@ -91,6 +99,7 @@ class PermitClaim:
 
     passes_on = True
     follows = False
+    queues = True
 
     def __init__(
         self,
@@ -135,6 +144,7 @@ class ClaimAll:
 
     passes_on = False
     follows = True
+    queues = True
 
     def __init__(
         self, names: Sequence[str], ttl: timedelta, holder: str, *, new: bool = False
@@ -166,6 +176,38 @@ class ClaimAll:
         return []
 
 
+class SharedClaim:
+    """The attempt of a reader: ``lease_claim_shared(name, ttl, holder)`` (contract 5.2).
+
+    A reader's grant lets the next reader in too: it passes the turn on, so the waiting
+    readers of a process all come in when a writer leaves, one claim each; the chain
+    stops at the first busy claim (a writer in line). Readers take no place in the
+    queue of waiting processes: it is the writers' line, that keeps new readers out
+    (writer preference). No one-statement waiting form, as :class:`PermitClaim`.
+    """
+
+    passes_on = True
+    follows = False
+    queues = False
+
+    def __init__(self, name: str, ttl: timedelta, holder: str) -> None:
+        self.name, self.ttl, self.holder = name, ttl, holder
+
+    def claim(self, b: Backend) -> int | None:
+        return b.claim_shared(self.name, self.ttl, self.holder)
+
+    def claim_waiting(
+        self, b: Backend, *, status: bool, queued_as: str | None
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        epoch = self.claim(b)
+        if epoch is not None or not status:
+            return epoch, None
+        return None, self.status(b)
+
+    def status(self, b: Backend) -> list[LeaseRow]:
+        return b.status(self.name)
+
+
 def fence_of(grant: object) -> int:
     """The fence a grant is logged with: a lease's, or the first of several."""
     if isinstance(grant, Mapping):
@@ -174,7 +216,10 @@ def fence_of(grant: object) -> int:
     return grant
 
 
-def lease_attempt(opts: Options, holder: str) -> LeaseClaim:
-    """The attempt of a lease of ``opts`` claimed by ``holder``."""
+def lease_attempt(opts: Options, holder: str) -> LeaseClaim | SharedClaim:
+    """The attempt of a lease of ``opts`` claimed by ``holder``: a reader's share with
+    ``opts.shared``."""
+    if opts.shared:
+        return SharedClaim(opts.name, opts.ttl, holder)
     # A holder the caller chose may be another process's too: claim a new tenure.
     return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)

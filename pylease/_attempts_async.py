@@ -1,9 +1,13 @@
 # The source of pylease/_attempts.py: tools/async_to_sync.py writes it from this file.
 """What the wait engine tries: an :class:`Attempt`, one primitive's claim.
 
-A lease's (:class:`LeaseClaim`), permits' (:class:`PermitClaim`) and several names'
-(:class:`ClaimAll`): each says how to claim once, how to claim as a waiter (in one
-statement where the SQL has one), and what stands in the way when busy. With ``new``,
+A lease's (:class:`LeaseClaim`), a reader's (:class:`SharedClaim`), permits'
+(:class:`PermitClaim`) and several names' (:class:`ClaimAll`): each says how to claim
+once, how to claim as a waiter (in one statement where the SQL has one), and what stands
+in the way when busy. What sets them apart for the engine: whether a grant may leave
+more to grant (``passes_on``), whether a busy one waits on the name in the way
+(``follows``), and whether the waiting process takes a place in the queue of waiting
+processes (``queues``: writers do, readers do not). With ``new``,
 each claims a new tenure (``lease_claim_new``, ``permit_claim_new``,
 ``lease_claim_all_new``), for a holder the caller chose: another process that uses the
 holder is busy, never joined (contract 5.6). The engine that runs them is
@@ -38,6 +42,9 @@ class Attempt(Protocol[G_co]):
     #: A busy attempt always reads what stood in the way, and the wait moves to its
     #: name (several names: ``name`` becomes the first name in the way).
     follows: bool
+    #: The waiting process takes a place in the queue of waiting processes (a writer's
+    #: claim; a reader's does not: that queue is what holds new readers off).
+    queues: bool
 
     async def claim(self, b: AsyncBackend) -> G_co | None:
         """A plain attempt: the grant, or None when busy."""
@@ -60,6 +67,7 @@ class LeaseClaim:
 
     passes_on = False
     follows = False
+    queues = True
 
     def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
         self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
@@ -90,6 +98,7 @@ class PermitClaim:
 
     passes_on = True
     follows = False
+    queues = True
 
     def __init__(
         self,
@@ -134,6 +143,7 @@ class ClaimAll:
 
     passes_on = False
     follows = True
+    queues = True
 
     def __init__(
         self, names: Sequence[str], ttl: timedelta, holder: str, *, new: bool = False
@@ -165,6 +175,38 @@ class ClaimAll:
         return []
 
 
+class SharedClaim:
+    """The attempt of a reader: ``lease_claim_shared(name, ttl, holder)`` (contract 5.2).
+
+    A reader's grant lets the next reader in too: it passes the turn on, so the waiting
+    readers of a process all come in when a writer leaves, one claim each; the chain
+    stops at the first busy claim (a writer in line). Readers take no place in the
+    queue of waiting processes: it is the writers' line, that keeps new readers out
+    (writer preference). No one-statement waiting form, as :class:`PermitClaim`.
+    """
+
+    passes_on = True
+    follows = False
+    queues = False
+
+    def __init__(self, name: str, ttl: timedelta, holder: str) -> None:
+        self.name, self.ttl, self.holder = name, ttl, holder
+
+    async def claim(self, b: AsyncBackend) -> int | None:
+        return await b.claim_shared(self.name, self.ttl, self.holder)
+
+    async def claim_waiting(
+        self, b: AsyncBackend, *, status: bool, queued_as: str | None
+    ) -> tuple[int | None, list[LeaseRow] | None]:
+        epoch = await self.claim(b)
+        if epoch is not None or not status:
+            return epoch, None
+        return None, await self.status(b)
+
+    async def status(self, b: AsyncBackend) -> list[LeaseRow]:
+        return await b.status(self.name)
+
+
 def fence_of(grant: object) -> int:
     """The fence a grant is logged with: a lease's, or the first of several."""
     if isinstance(grant, Mapping):
@@ -173,7 +215,10 @@ def fence_of(grant: object) -> int:
     return grant
 
 
-def lease_attempt(opts: Options, holder: str) -> LeaseClaim:
-    """The attempt of a lease of ``opts`` claimed by ``holder``."""
+def lease_attempt(opts: Options, holder: str) -> LeaseClaim | SharedClaim:
+    """The attempt of a lease of ``opts`` claimed by ``holder``: a reader's share with
+    ``opts.shared``."""
+    if opts.shared:
+        return SharedClaim(opts.name, opts.ttl, holder)
     # A holder the caller chose may be another process's too: claim a new tenure.
     return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)

@@ -25,6 +25,7 @@ from pylease._operations import (
     CLAIM_NEW,
     CLAIM_QUEUED,
     CLAIM_QUEUED_LOOKING,
+    CLAIM_SHARED,
     CLAIM_WAITING,
     CLAIM_WAITING_LOOKING,
     COUNTERS,
@@ -35,6 +36,7 @@ from pylease._operations import (
     GROUP_RENEW,
     GROUP_STATUS,
     HISTORY,
+    HOLDERS,
     HOLDS,
     MEMBER_HOLDS,
     NEW_TENURE,
@@ -63,6 +65,7 @@ from pylease._operations import (
     WAIT,
     CounterRow,
     GroupRow,
+    HolderRow,
     LeaseEvent,
     LeaseRow,
     MemberRow,
@@ -158,10 +161,11 @@ class Backend:
         slots: Sequence[int | None] | None = None,
     ) -> list[Renewal]:
         """The keeper's renewal across kinds, in one statement: element i is a lease
-        (``kinds[i] == "lease"``) or a holder's slots of a semaphore (``"permit"``),
-        renewed with its own ttl (None: its last one), only in the tenure ``fences[i]``
-        names (a permit's: the one that holds slot ``slots[i]`` with that fence; None: any
-        tenure of the holder); one Renewal per element, in order.
+        (``kinds[i] == "lease"``), a reader's share of one (``"shared"``) or a holder's
+        slots of a semaphore (``"permit"``), renewed with its own ttl (None: its last one),
+        only in the tenure ``fences[i]`` names (a reader's: its epoch; a permit's: the one
+        that holds slot ``slots[i]`` with that fence; None: any tenure of the holder); one
+        Renewal per element, in order.
 
         :raises InvalidArgument: bad kinds, names, holders, ttls, fences or slots, or lists
             of unequal length.
@@ -390,6 +394,20 @@ class Backend:
         result: list[tuple[str, bool]] = self._call(RELEASE_ALL, params, None)
         return result
 
+    # Readers and writers (contract 5.2)
+
+    def claim_shared(self, name: str, ttl: timedelta, holder: str) -> int | None:
+        """``lease_claim_shared``: the epoch when granted (the fence of the name's latest
+        exclusive grant, 0 if none); None while a writer holds the name or waits for it."""
+        params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
+        result: int | None = self._call(CLAIM_SHARED, params, name)
+        return result
+
+    def holders(self, name: str | None = None) -> list[HolderRow]:
+        """``lease_holders``: every current holder of every kind (all names when None)."""
+        result: list[HolderRow] = self._call(HOLDERS, (_key(name),), name)
+        return result
+
     # Groups (contract 5.5)
 
     def group_join(self, grp: str, member: str, ttl: timedelta, data: object = None) -> int | None:
@@ -483,7 +501,7 @@ class Backend:
         if new:
             op = NEW_TENURE[op.name]
         rows = self._call(op, claim, name)
-        fence: int | None = rows[0][0]
+        fence: int | None = rows[0][0] if rows else None
         if fence is not None or not status:
             return fence, None
         row = rows[0]
@@ -550,9 +568,10 @@ def release_kept(
     min_hold: timedelta | None = None,
 ) -> bool:
     """Release what a kept ticket holds through ``run``: a lease's tenure (``kind``
-    ``"lease"``, with ``min_hold``), a holder's slots of a semaphore (``"permit"``), or
-    several names (``"names"``: True when every one of them was still ours)."""
-    if kind == "lease":
+    ``"lease"``, with ``min_hold``), a reader's share (``"shared"``: its epoch as the
+    fence), a holder's slots of a semaphore (``"permit"``), or several names
+    (``"names"``: True when every one of them was still ours)."""
+    if kind in ("lease", "shared"):
         return release_tenure(run, names[0], holder, min_hold, fence)
     if kind == "permit":
         name = names[0]

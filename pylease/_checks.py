@@ -299,15 +299,16 @@ def names(values: object) -> list[str]:
     return result
 
 
-KINDS = ("lease", "permit")
+KINDS = ("lease", "shared", "permit")
 
 
 def kinds(values: object, length: int) -> list[str]:
-    """The kinds of the keeper's renewal: ``"lease"`` or ``"permit"`` per element."""
+    """The kinds of the keeper's renewal: ``"lease"``, ``"shared"`` or ``"permit"`` per
+    element."""
     result = _sequence("kinds", values)
     if len(result) != length or any(v not in KINDS for v in result):
         raise InvalidArgument(
-            "pylease: kinds must hold 'lease' or 'permit' for each element of names",
+            "pylease: kinds must hold 'lease', 'shared' or 'permit' for each element of names",
             parameter="kinds",
         )
     return result

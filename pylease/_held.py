@@ -205,6 +205,8 @@ class Options(NamedTuple):
     poll_interval: float | None
     # On an event loop: cancel the task running the body when the lease is lost.
     cancel_on_lost: bool = False
+    # A reader's share (contract 5.2) rather than the exclusive lease.
+    shared: bool = False
 
 
 def options(
@@ -217,6 +219,7 @@ def options(
     on_lost: object,
     min_hold: object,
     poll_interval: object,
+    shared: object = False,
 ) -> Options:
     """Check every argument before any SQL runs (ValueError subclasses)."""
     name = _checks.key("name", name)
@@ -230,7 +233,14 @@ def options(
         poll = _checks.ttl(poll_interval, "poll_interval").total_seconds()
     callable_option("on_lost", on_lost)
     bool_option("heartbeat", heartbeat)
-    return Options(name, ttl_, holder, wait_, bool(heartbeat), min_hold_, poll)
+    bool_option("shared", shared)
+    if shared and min_hold_ is not None:
+        raise InvalidArgument(
+            "pylease: min_hold keeps a name from the next writer: a reader gives its share"
+            " back at once (leave min_hold out with shared=True)",
+            parameter="min_hold",
+        )
+    return Options(name, ttl_, holder, wait_, bool(heartbeat), min_hold_, poll, shared=bool(shared))
 
 
 def keep_fresh_options(
@@ -294,6 +304,8 @@ def describe_loss(ticket: Ticket, row: LeaseRow | None, event: LeaseEvent | None
     newest history event; None when it does not know better than the ticket."""
     if row is None:
         return None
+    if ticket.kind == "shared":
+        return _share_lost(ticket, row)
     same = row.holder == ticket.holder
     if same and row.fence == ticket.fence:
         if row.held:
@@ -310,6 +322,16 @@ def describe_loss(ticket: Ticket, row: LeaseRow | None, event: LeaseEvent | None
     if same:
         return f"{how} with fence {row.fence} by another user of its holder {row.holder!r}"
     return f"{how} by {row.holder!r} with fence {row.fence}"
+
+
+def _share_lost(ticket: Ticket, row: LeaseRow) -> str | None:
+    """How a reader lost its share: a writer granted since its epoch, or its expiry."""
+    if row.fence != ticket.fence:
+        by = f" ({row.holder!r})" if row.state == "held" else ""
+        return f"a writer was granted it since its epoch, with fence {row.fence}{by}"
+    if row.held and row.shared > 0:
+        return "its share expired before a renewal reached the database"
+    return "its share expired, or was given back by another user of its holder"
 
 
 def end_keep_fresh(ticket: Ticket, exc: BaseException | None) -> None:

@@ -69,17 +69,22 @@ class LeaseRow:
     """One row of ``lease_status``."""
 
     name: str
-    holder: str
+    #: None while only readers hold the name (``state`` ``shared``), and for a name only
+    #: readers ever claimed.
+    holder: str | None
+    #: The fence of the name's latest exclusive grant: while readers hold it, their epoch.
     fence: int
     acquired_at: datetime
     renewed_at: datetime
     expires_at: datetime
     held: bool
-    #: ``held``, ``resting`` (released, not claimable until its min_hold ran out),
-    #: ``released`` or ``expired`` (its ttl ran out without a release).
+    #: ``held``, ``shared`` (held by readers), ``resting`` (released, not claimable until
+    #: its min_hold ran out), ``released`` or ``expired`` (its ttl ran out without a release).
     state: str
     #: The ttl last granted or renewed with.
     ttl: timedelta
+    #: How many readers hold it (unexpired shares of its epoch).
+    shared: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,12 +116,13 @@ class PageRow(LeaseRow):
     """One name of a page of names (``status --prefix``, ``metrics``): its ``lease_status``
     and ``lease_counters`` rows, and how many names the page was taken from."""
 
-    grants: int
-    takeovers: int
-    steals: int
-    releases: int
+    # Defaults only because LeaseRow's last field has one: the rows give every field.
+    grants: int = 0
+    takeovers: int = 0
+    steals: int = 0
+    releases: int = 0
     #: How many names start with the page's prefix, on this page or after it.
-    matching: int
+    matching: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,23 @@ class LeaseEvent:
     previous_holder: str | None
     #: The slot of a semaphore's event; None for a lease.
     slot: int | None = None
+
+
+@dataclass(frozen=True)
+class HolderRow:
+    """One row of ``lease_holders``: one current holder of a name."""
+
+    name: str
+    holder: str
+    #: ``exclusive``, ``shared`` (a reader) or ``permit``.
+    mode: str
+    #: A permit's slot; None for the other modes.
+    slot: int | None
+    #: The fence of the grant; a reader's epoch.
+    fence: int
+    acquired_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -253,7 +276,7 @@ HOLDS = Operation(
 STATUS = Operation(
     "status",
     READ,
-    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held, state, ttl"
+    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held, state, ttl, shared"
     " FROM lease_status(%s)",
     ("name",),
     LeaseRow,
@@ -273,7 +296,7 @@ STATUS_PAGE = Operation(
     "status_page",
     READ,
     "SELECT s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held,"
-    " s.state, s.ttl, c.grants, c.takeovers, c.steals, c.releases, count(*) OVER ()"
+    " s.state, s.ttl, s.shared, c.grants, c.takeovers, c.steals, c.releases, count(*) OVER ()"
     " FROM lease_status() AS s JOIN lease_counters() AS c ON c.name = s.name"
     " WHERE starts_with(s.name, %s) AND starts_with(c.name, %s)"
     " ORDER BY s.name LIMIT %s",
@@ -369,6 +392,23 @@ RELEASE_ALL = Operation(
     tuple,
 )
 
+# Readers and writers (contract 5.2): a reader's claim, and every holder of every kind.
+CLAIM_SHARED = Operation(
+    "claim_shared",
+    GRANT,
+    "SELECT lease_claim_shared(%s, %s, %s)",
+    ("name", "ttl_seconds", "holder"),
+    VALUE,
+)
+HOLDERS = Operation(
+    "holders",
+    READ,
+    "SELECT name, holder, mode, slot, fence, acquired_at, renewed_at, expires_at"
+    " FROM lease_holders(%s)",
+    ("name",),
+    HolderRow,
+)
+
 # Groups (contract 5.5): members, and the assignment of partitions to them. A renewal
 # and a leave name the incarnation they mean (NULL: whichever is live).
 GROUP_JOIN = Operation(
@@ -423,10 +463,11 @@ GROUP_STATUS = Operation(
 )
 
 # The keeper's renewal across kinds (contract 5, "the keeper across kinds"): internal,
-# not in the contract. One statement renews the leases and the semaphore slots of a
-# process, each element at its own ttl.
-# Each element only in the tenure the keeper knows (migration 0012): a lease's fence; a
-# permit's slot and that slot's fence. None: whatever tenure the holder has.
+# not in the contract. One statement renews the leases, the shares of readers and the
+# semaphore slots of a process, each element at its own ttl.
+# Each element only in the tenure the keeper knows (migration 0012): a lease's fence, a
+# reader's epoch (migration 0013); a permit's slot and that slot's fence. None: whatever
+# tenure the holder has.
 RENEW_HELD = Operation(
     "renew_held",
     GRANT,
@@ -464,6 +505,8 @@ OPERATIONS = (
     CLAIM_ALL,
     CLAIM_ALL_NEW,
     RELEASE_ALL,
+    CLAIM_SHARED,
+    HOLDERS,
     GROUP_JOIN,
     GROUP_RENEW,
     GROUP_LEAVE,
@@ -500,7 +543,8 @@ UNWAIT = Operation("unwait", WRITE, "SELECT lease_unwait(%s, %s, %s)", (), VALUE
 # claim that does not look is sent without the status's join: planning and running it
 # costs a handover about a tenth of a millisecond (issue 22, bench target 5).
 _STATUS_COLUMNS: LiteralString = (
-    "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state, s.ttl"
+    "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state,"
+    " s.ttl, s.shared"
 )
 _CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
 # A busy claim that met the winner's claim on the lease's row waited for it, then
@@ -531,12 +575,14 @@ CLAIM_WAITING_LOOKING = Operation(
     (),
     tuple,
 )
-#: A waiter's claim for a process queued in pylease_waiters.
+#: A waiter's claim for a process queued in pylease_waiters. SQLite runs it too
+#: (claim_queued.sql), for a writer waiting with SQLite's queue of its own (contract
+#: 5.2): its row, when granted, or none.
 CLAIM_QUEUED = Operation(
     "claim_queued",
     GRANT,
     "SELECT c.fence, " + _UNWAIT + ", " + _BUSY_NO_FLUSH + _CLAIMED,
-    (),
+    ("name", "waiter", "name", "ttl_seconds", "holder"),
     tuple,
 )
 #: The same, reading the status row when busy.

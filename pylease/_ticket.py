@@ -73,8 +73,9 @@ class Ticket:
     given_back: Any = None
     # Bumped when a later block in the caller's transaction takes the lease back.
     generation = 0
-    # What the keeper renews: a lease ("lease"), or a holder's slots of a semaphore
-    # ("permit"); a claim of several names renews each of ``names`` (lost when any is).
+    # What the keeper renews: a lease ("lease"), a reader's share of one ("shared", its
+    # epoch as ``fence``), or a holder's slots of a semaphore ("permit"); a claim of
+    # several names renews each of ``names`` (lost when any is).
     kind = "lease"
     names: tuple[str, ...] = ()
     # The tenure its renewals name, beside ``fence``: several names' fence of each name;

@@ -42,6 +42,13 @@ processes, claims at once; the chain stops at the first busy claim, so each free
 wakes one waiter. A waiter for several names holds none of them while it waits: it
 waits on the name that stood in the way (``follows``), the first busy one in name
 order, and moves to the next one in the way when that is released.
+
+Readers (contract 5.2) wait here too. A reader's grant passes the turn on, like a
+permit's, so the readers of a process all come in when a writer leaves; readers take
+no place in the queue of waiting processes, which is the writers' line and holds new
+readers off while a writer waits (writer preference). SQLite keeps a line of its own:
+there a waiting writer's claims put it in line while readers keep it out. The
+attempts themselves are in :mod:`pylease._attempts`.
 """
 
 from __future__ import annotations
@@ -266,7 +273,7 @@ class Wait(Generic[G]):
         waiter = self.waiter
         head = waiter is None or waiter.head
         # The head speaks for its process in the queue of waiting processes.
-        join = waiter is not None and head and waiter.join_due
+        join = waiter is not None and head and waiter.join_due and self.attempt.queues
         if not (join or self.retry):
             return _Turn.BUSY
         try:
@@ -303,7 +310,9 @@ class Wait(Generic[G]):
         )
         self.skipped = head and not look
         rows: list[Any] | None = None
-        if waiter is None:
+        if waiter is None and self.link.sqlite:
+            fence, rows = self._claim_in_line()
+        elif waiter is None:
             fence = self.link.run(self.attempt.claim, name=name, retry=True)
         else:
             waiter.release_heard = None
@@ -338,6 +347,16 @@ class Wait(Generic[G]):
         if grant is not None and queued_as is not None and isinstance(self.attempt, LeaseClaim):
             waiter.left = True  # the claim's own statement left the queue (lease_unwait)
         return grant, rows
+
+    def _claim_in_line(self) -> tuple[G | None, list[Any] | None]:
+        """A waiter's attempt on SQLite, which keeps a queue of its own: a writer kept
+        out by readers is in line while it claims again (contract 5.2)."""
+        attempt = self.attempt
+
+        def claim(b: Backend) -> tuple[G | None, list[Any] | None]:
+            return attempt.claim_waiting(b, status=False, queued_as=attempt.holder)
+
+        return self.link.run(claim, name=attempt.name, retry=True)
 
     def _past_deadline(self) -> bool:
         """True when one last attempt is due; raises LeaseBusy after it."""

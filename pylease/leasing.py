@@ -61,7 +61,8 @@ class Lease:
     """
 
     # A later block of the name in the caller's transaction may take a deferred lease
-    # back; permits and several names are kept for the transaction, never taken back.
+    # back; permits, several names and shares are kept for the transaction, never
+    # taken back.
     _adoptable = True
     _exclusive = True  # a nested block of the name is refused at once (contract 5.6)
 
@@ -111,7 +112,9 @@ class Lease:
             _claims.leave_all(names, holder)
             raise
         try:
-            if self._exclusive:  # nested in a block of the name on that database: refused
+            # Nested in a block of the name on that database: refused (a reader may be
+            # held twice in a process, under two holders).
+            if self._exclusive and not opts.shared:
                 _claims.own(names, holder, link_.source.key)
             grant, sent_at = acquire_with(
                 link_,
@@ -198,9 +201,17 @@ class Lease:
         return lease_attempt(self._opts, holder)
 
     def _made(self, ticket: Ticket, grant: Any) -> Held:
-        """The Held of a grant, and what its ticket keeps."""
+        """The Held of a grant (a reader's: its epoch as the fence), and what its ticket
+        keeps."""
         ticket.fence = grant
+        if self._opts.shared:
+            ticket.kind = "shared"
         return Held(self._opts.name, ticket.holder, grant, ticket)
+
+    def _owner(self) -> object:
+        """The caller's transaction that may take a deferred lease of this block back."""
+        adoptable = self._adoptable and not self._opts.shared
+        return _caller_tx.owner(self._target) if adoptable else None
 
     def _loss_cause(self, link_: Link, ticket: Ticket) -> str | None:
         return loss_cause(link_, ticket)
@@ -230,8 +241,7 @@ class Lease:
                     notify_lost(ticket, NOT_OURS)
                     return False
                 ticket.renewed(sent_at, rows[0][2], rows[0][3])
-        owner = _caller_tx.owner(self._target) if self._adoptable else None
-        min_hold = self._opts.min_hold
+        min_hold, owner = self._opts.min_hold, self._owner()
         keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
         return True
 
@@ -239,7 +249,7 @@ class Lease:
         """Continue the tenure of an earlier block of this name that ended in the
         caller's transaction still open (or just ended) on the same connection: held
         since, it could not be granted again before that transaction ends."""
-        owner = _caller_tx.owner(self._target) if self._adoptable else None
+        owner = self._owner()
         if owner is None:
             return False
         entry = keeper().adopt(self._opts.name, self._opts.holder, owner)
@@ -287,6 +297,7 @@ def lease(
     min_hold: Duration | None = None,
     heartbeat_target: Target | None = None,
     poll_interval: Duration | None = None,
+    shared: bool = False,
 ) -> Lease:
     """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -310,6 +321,9 @@ def lease(
         of a second connection opened like it: a URL, a pool or a dedicated connection.
     :param poll_interval: seconds between retries while waiting when no notification
         comes (default 5 s while LISTENing, 0.5 s without; SQLite polls at 5-50 ms).
+    :param shared: hold a reader's share: readers hold the name together, a writer
+        (``shared=False``) alone; ``held.fence`` is then the epoch, the fence of the
+        name's latest exclusive grant (contract 5.2).
     :raises LeaseBusy: the lease is held by another holder (after ``wait``).
     :raises LeaseLost: the block returned, but the lease was lost meanwhile.
     """
@@ -324,6 +338,7 @@ def lease(
         on_lost=on_lost,
         min_hold=min_hold,
         poll_interval=poll_interval,
+        shared=shared,
     )
     return Lease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 

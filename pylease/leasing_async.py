@@ -64,7 +64,8 @@ class AsyncLease:
     """
 
     # A later block of the name in the caller's transaction may take a deferred lease
-    # back; permits and several names are kept for the transaction, never taken back.
+    # back; permits, several names and shares are kept for the transaction, never
+    # taken back.
     _adoptable = True
     _exclusive = True  # a nested block of the name is refused at once (contract 5.6)
 
@@ -116,7 +117,9 @@ class AsyncLease:
             _claims.leave_all(names, holder)
             raise
         try:
-            if self._exclusive:  # nested in a block of the name on that database: refused
+            # Nested in a block of the name on that database: refused (a reader may be
+            # held twice in a process, under two holders).
+            if self._exclusive and not opts.shared:
                 _claims.own(names, holder, link_.source.key)
             grant, sent_at = await acquire_with(
                 link_,
@@ -228,9 +231,17 @@ class AsyncLease:
         return lease_attempt(self._opts, holder)
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
-        """The Held of a grant, and what its ticket keeps."""
+        """The Held of a grant (a reader's: its epoch as the fence), and what its ticket
+        keeps."""
         ticket.fence = grant
+        if self._opts.shared:
+            ticket.kind = "shared"
         return AsyncHeld(self._opts.name, ticket.holder, grant, ticket)
+
+    def _owner(self) -> object:
+        """The caller's transaction that may take a deferred lease of this block back."""
+        adoptable = self._adoptable and not self._opts.shared
+        return _caller_tx.owner(self._target) if adoptable else None
 
     async def _loss_cause(self, link_: AsyncLink, ticket: AsyncTicket) -> str | None:
         return await loss_cause(link_, ticket)
@@ -260,8 +271,7 @@ class AsyncLease:
                     notify_lost(ticket, NOT_OURS)
                     return False
                 ticket.renewed(sent_at, rows[0][2], rows[0][3])
-        owner = _caller_tx.owner(self._target) if self._adoptable else None
-        min_hold = self._opts.min_hold
+        min_hold, owner = self._opts.min_hold, self._owner()
         await keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
         return True
 
@@ -269,7 +279,7 @@ class AsyncLease:
         """Continue the tenure of an earlier block of this name that ended in the
         caller's transaction still open (or just ended) on the same connection: held
         since, it could not be granted again before that transaction ends."""
-        owner = _caller_tx.owner(self._target) if self._adoptable else None
+        owner = self._owner()
         if owner is None:
             return False
         entry = await keeper().adopt(self._opts.name, self._opts.holder, owner)
@@ -348,6 +358,7 @@ if True:  # ASYNC
         heartbeat_target: AsyncTarget | None = None,
         poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
+        shared: bool = False,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``async with`` block runs.
 
@@ -362,6 +373,7 @@ if True:  # ASYNC
 
         :param cancel_on_lost: when the lease is lost, cancel the task running the block
             (default True); the block then raises :class:`LeaseLost`.
+        :param shared: hold a reader's share, as :func:`pylease.lease`.
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the lease was lost while the block ran.
         """
@@ -377,6 +389,7 @@ if True:  # ASYNC
             min_hold=min_hold,
             poll_interval=poll_interval,
             cancel_on_lost=cancel_on_lost,
+            shared=shared,
         )
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
@@ -430,6 +443,7 @@ else:
         min_hold: Duration | None = None,
         heartbeat_target: AsyncTarget | None = None,
         poll_interval: Duration | None = None,
+        shared: bool = False,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -453,6 +467,9 @@ else:
             of a second connection opened like it: a URL, a pool or a dedicated connection.
         :param poll_interval: seconds between retries while waiting when no notification
             comes (default 5 s while LISTENing, 0.5 s without; SQLite polls at 5-50 ms).
+        :param shared: hold a reader's share: readers hold the name together, a writer
+            (``shared=False``) alone; ``held.fence`` is then the epoch, the fence of the
+            name's latest exclusive grant (contract 5.2).
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the block returned, but the lease was lost meanwhile.
         """
@@ -467,6 +484,7 @@ else:
             on_lost=on_lost,
             min_hold=min_hold,
             poll_interval=poll_interval,
+            shared=shared,
         )
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 

@@ -4,7 +4,7 @@
 
 The lease is kept by the keeper as a lease block's is (:mod:`pylease._keeper`),
 renewed with the ttl it was given or the one in force, and never released here:
-release stays the owner's.
+release stays the owner's. A reader's share is renewed as a writer's lease is.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class KeepFresh:
         try:
             sent_at = monotonic()
             renewed = link_.run(lambda b: b.renew(name, holder, ttl), name=name, retry=True)
-            rows = link_.run(lambda b: b.status(name), name=name)
-            row = next((r for r in rows if r.holder == holder), None)
+            # The exclusive holder, or a reader: who holds it now, by lease_holders.
+            rows = link_.run(lambda b: b.holders(name), name=name)
+            row = next((r for r in rows if r.holder == holder and r.mode != "permit"), None)
             if not renewed or row is None:
                 raise LeaseLost(name, f"it is not held by {holder!r}")
         except BaseException:
@@ -69,6 +70,8 @@ class KeepFresh:
             on_lost=self._on_lost,
         )
         ticket.fence = row.fence
+        if row.mode == "shared":
+            ticket.kind = "shared"
         # Renews with the ttl it was given, or the one in force (None): never the
         # owner's ttl taken from the row, which the owner may change.
         ticket.renew_ttl = ttl

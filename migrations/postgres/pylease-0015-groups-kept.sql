@@ -3,7 +3,7 @@
 --   * group_status(grp): every group ever joined (or one), with how many members are
 --     live, the last incarnation it issued and the earliest expiry of a live member:
 --     what `pylease status` and `pylease metrics` list apart from leases.
--- depends: pylease-0012-tenure-renewals
+-- depends: pylease-0013-shared
 
 DO $pin$
 BEGIN

@@ -50,6 +50,7 @@ ORDER = (
     "release",
     "steal",
     "status",
+    "holders",
     "permits",
     "members",
     "history",

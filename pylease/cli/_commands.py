@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated
@@ -23,7 +24,7 @@ from pylease.cli._database import (
     sqlite_module,
     where,
 )
-from pylease.cli._edge import EXIT_NO, at_edge, fail, key, say
+from pylease.cli._edge import EXIT_NO, EXIT_USAGE, at_edge, fail, key, say
 from pylease.cli._options import (
     ClaimMaxPermitsOption,
     DsnOption,
@@ -34,6 +35,7 @@ from pylease.cli._options import (
     PermitsOption,
     RequireDsnOption,
     SchemaOption,
+    SharedOption,
     TtlOption,
     VerboseOption,
     WaitOption,
@@ -104,6 +106,7 @@ def claim(
     wait: WaitOption = timedelta(0),
     max_permits: ClaimMaxPermitsOption = None,
     permits: PermitsOption = None,
+    shared: SharedOption = False,
     as_json: JsonOption = False,
     quiet: Annotated[
         bool,
@@ -118,6 +121,8 @@ def claim(
 
     With --max-permits N, NAME is a semaphore: claim one of its N permits (--permits K:
     K of them) and print HOLDER and each slot's fence, tab-separated, in slot order.
+    With --shared, a reader's share: FENCE is then the epoch (the fence of the latest
+    writer), and the reader renews and releases with its HOLDER as a writer does.
 
     Example: read -r holder fence < <(pylease claim sweep --ttl 5m)
     """
@@ -126,7 +131,9 @@ def claim(
         count = permits_wanted([name], max_permits, permits)
         holder = key("holder", holder) if holder is not None else default_holder()
         edge.store = store = find_store(dsn, schema, require_dsn)
-        opts = lease_options(name, ttl, holder, wait)
+        if shared and count is not None:
+            raise fail("a reader's share is of a lease: leave out --max-permits", EXIT_USAGE)
+        opts = lease_options(name, ttl, holder, wait, shared=shared)
         if count is not None:
             assert max_permits is not None
             _claim_permits(store, opts, max_permits, count, as_json=as_json, quiet=quiet)
@@ -153,6 +160,12 @@ def _claim_lease(store: Store, opts: Options, *, as_json: bool, quiet: bool) -> 
         if fence is not None:
             rows = link_.run(lambda b: b.status(name), name=name)
             mine = next(iter(rows), None)
+            if opts.shared and mine is not None:
+                # The name's expiry is the last reader's: this reader's own is its row's.
+                shares = link_.run(lambda b: b.holders(name), name=name)
+                own = next((h for h in shares if h.holder == holder), None)
+                if own is not None:
+                    mine = dataclasses.replace(mine, expires_at=own.expires_at)
     finally:
         link_.close()
     standing = mine or busy.row
@@ -166,6 +179,7 @@ def _claim_lease(store: Store, opts: Options, *, as_json: bool, quiet: bool) -> 
                     "fence": fence,
                     "expires_at": _render.iso(mine.expires_at) if mine else None,
                     "held_by": standing.holder if standing else None,
+                    "shared": opts.shared,
                 }
             )
         )
@@ -359,7 +373,7 @@ def steal(
             )
             raise fail(
                 f"lease {name!r} not stolen: "
-                f"{_render.printable(row.holder) if row else 'its holder'} "
+                f"{_render.who(row) if row else 'its holder'} "
                 f"renewed it {renewed}, less than --older-than",
                 EXIT_NO,
             )

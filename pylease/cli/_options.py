@@ -110,6 +110,14 @@ PrefixOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+SharedOption = Annotated[
+    bool,
+    typer.Option(
+        "--shared",
+        help="Take a reader's share: readers hold the name together, a writer alone;"
+        " a waiting writer keeps new readers out.",
+    ),
+]
 
 # Permits of a semaphore (contract 5.1): the option that says a name is one.
 MAX_PERMITS = 10000
@@ -195,7 +203,13 @@ def seconds(wait: timedelta) -> float:
 
 
 def lease_options(
-    name: str, ttl: timedelta, holder: str, wait: timedelta, min_hold: timedelta | None = None
+    name: str,
+    ttl: timedelta,
+    holder: str,
+    wait: timedelta,
+    min_hold: timedelta | None = None,
+    *,
+    shared: bool = False,
 ) -> Any:
     from pylease._held import options
 
@@ -208,6 +222,7 @@ def lease_options(
         on_lost=None,
         min_hold=min_hold,
         poll_interval=None,
+        shared=shared,
     )
 
 

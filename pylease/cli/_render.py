@@ -65,6 +65,13 @@ def ago(span: timedelta) -> str:
     return f"{durations.spell(span)} ago"
 
 
+def who(row: LeaseRow) -> str:
+    """Who holds a lease: its holder, or how many readers share it."""
+    if row.holder is not None:
+        return printable(row.holder)
+    return f"{row.shared} reader{'' if row.shared == 1 else 's'}"
+
+
 def row_json(row: LeaseRow) -> dict[str, Any]:
     """One lease for ``status --json``: ISO-8601 times, ``ttl`` in seconds."""
     return {
@@ -78,6 +85,7 @@ def row_json(row: LeaseRow) -> dict[str, Any]:
         # Added after the first release: at the end, as lease_status's own columns.
         "state": row.state,
         "ttl": row.ttl.total_seconds(),
+        "shared": row.shared,
         "kind": "lease",  # beside semaphores (pylease.cli._permits.semaphore_json)
     }
 
@@ -95,7 +103,12 @@ def busy_line(
     if row is None:
         return f"lease {name!r} is busy{place}"
     left = aware(row.expires_at) - now
-    by = printable(row.holder)
+    by = who(row)
+    if row.state == "shared":
+        until = durations.relative(left, "the last expires in {}", "expired {} ago")
+        return f"lease {name!r} is shared by {by} (epoch {row.fence}, {until}){place}"
+    if row.state != "resting" and not row.held:
+        return f"lease {name!r} is busy: a writer waits for it, and readers wait behind{place}"
     if row.held:
         until = durations.relative(left, "expires in {}", "expired {} ago")
         line = f"lease {name!r} is held by {by} (fence {row.fence}, {until}){place}"
@@ -111,7 +124,7 @@ def busy_line(
 
 def taken_line(name: str, row: LeaseRow, event: Any | None, now: datetime) -> str:
     """Who has the lease we lost, and how they got it, as the database recorded it."""
-    by = printable(row.holder)
+    by = who(row)
     if event is not None and event.fence == row.fence and event.event in ("stolen", "taken_over"):
         when = ago(now - aware(event.at))
         how = "stole it" if event.event == "stolen" else "took it over after its ttl ran out"
@@ -153,7 +166,9 @@ def cells(row: LeaseRow | PermitRow | Shown, now: datetime) -> Cells:
     label = str(row.slot) if isinstance(row, PermitRow) else row.name
     state = row.state
     expires = aware(row.expires_at) - now
-    if state == "held":
+    if isinstance(row, LeaseRow) and state == "shared":
+        state = f"shared by {row.shared}"
+    if row.state in ("held", "shared"):
         age = durations.spell(now - aware(row.acquired_at))
         until = durations.relative(expires, "in {}", "{} ago")
     elif state == "resting":
@@ -162,7 +177,8 @@ def cells(row: LeaseRow | PermitRow | Shown, now: datetime) -> Cells:
     else:
         age = durations.spell(now - aware(row.expires_at)) if expires <= timedelta(0) else "-"
         until = "-"
-    return Cells(printable(label), state, printable(row.holder), str(row.fence), age, until)
+    holder = "-" if row.holder is None else printable(row.holder)
+    return Cells(printable(label), state, holder, str(row.fence), age, until)
 
 
 def shorten(text: str, width: int) -> str:
@@ -274,6 +290,53 @@ def history_lines(events: Sequence[Any], now: datetime, width: int | None) -> li
     return lines
 
 
+# Holders ------------------------------------------------------------------------
+
+
+def holder_json(row: Any) -> dict[str, Any]:
+    """One holder for ``holders --json``: ISO-8601 times."""
+    return {
+        "name": row.name,
+        "holder": row.holder,
+        "mode": row.mode,
+        "slot": row.slot,
+        "fence": row.fence,
+        "acquired_at": iso(row.acquired_at),
+        "renewed_at": iso(row.renewed_at),
+        "expires_at": iso(row.expires_at),
+    }
+
+
+def holders_lines(rows: Sequence[Any], now: datetime, width: int | None) -> list[str]:
+    """``pylease holders``: one line per holder; holders shortened to fit, names never."""
+    head = ("NAME", "MODE", "SLOT", "FENCE", "AGE", "EXPIRES", "HOLDER")
+    body = [
+        (
+            printable(r.name),
+            r.mode,
+            "-" if r.slot is None else str(r.slot),
+            str(r.fence),
+            durations.spell(now - aware(r.acquired_at)),
+            durations.relative(aware(r.expires_at) - now, "in {}", "{} ago"),
+            printable(r.holder),
+        )
+        for r in rows
+    ]
+    every = [head, *body]
+    sizes = [max(len(r[i]) for r in every) for i in range(len(head))]
+    if width is not None:
+        sizes[6] = min(sizes[6], max(width - sum(sizes[:6]) - len(GAP) * 6, MIN_HOLDER))
+    right = (2, 3, 4)
+    lines = []
+    for r in every:
+        cols = [
+            c.rjust(n) if i in right else c.ljust(n)
+            for i, (c, n) in enumerate(zip(r, sizes, strict=True))
+        ]
+        lines.append(GAP.join([*cols[:6], shorten(r[6], sizes[6])]).rstrip())
+    return lines
+
+
 # Waiting ------------------------------------------------------------------------
 
 
@@ -293,8 +356,8 @@ def spinner(name: str, quiet: bool) -> Iterator[Callable[[LeaseRow | None], None
     shown: list[Status] = []
 
     def show(row: LeaseRow | None) -> None:
-        who = f": held by {printable(row.holder)}" if row is not None and row.held else ""
-        text = Text(f"waiting for lease {name!r}{who}")
+        by = f": held by {who(row)}" if row is not None and row.held else ""
+        text = Text(f"waiting for lease {name!r}{by}")
         if not shown:
             shown.append(Console(stderr=True).status(text))
             shown[0].start()

@@ -33,6 +33,7 @@ from pylease.cli._options import (
     QuietOption,
     RequireDsnOption,
     SchemaOption,
+    SharedOption,
     TtlOption,
     VerboseOption,
     WaitOption,
@@ -97,6 +98,7 @@ def run(
         ),
     ] = None,
     kill_after: KillAfterOption = KILL_AFTER,
+    shared: SharedOption = False,
     quiet: QuietOption = False,
     dsn: DsnOption = None,
     require_dsn: RequireDsnOption = False,
@@ -105,7 +107,9 @@ def run(
 ) -> None:
     """Run CMD while holding the lease NAME, renewing it; skip CMD when the lease is busy.
 
-    CMD sees PYLEASE_NAME, PYLEASE_HOLDER, PYLEASE_FENCE and PYLEASE_DSN. SIGINT, SIGTERM
+    CMD sees PYLEASE_NAME, PYLEASE_HOLDER, PYLEASE_FENCE and PYLEASE_DSN (with --shared,
+    as a reader: PYLEASE_EPOCH instead of PYLEASE_FENCE, since a reader's epoch is the
+    last writer's fence and a store that checks fences must not take it for one). SIGINT, SIGTERM
     and SIGHUP are passed on to it. If the lease is lost, CMD gets SIGTERM, then SIGKILL
     after --kill-after or at the lease's local expiry, whichever comes first, and pylease
     exits 75.
@@ -133,7 +137,9 @@ def run(
             raise fail("--min-hold is for one lease, not for several names", EXIT_USAGE)
         holder = key("holder", holder) if holder is not None else default_holder()
         edge.store = store = find_store(dsn, schema, require_dsn)
-        opts = lease_options(names[0], ttl, holder, wait, min_hold)
+        if shared and (len(names) > 1 or count is not None):
+            raise fail("--shared takes one lease: not several names, not --max-permits", EXIT_USAGE)
+        opts = lease_options(names[0], ttl, holder, wait, min_hold, shared=shared)
 
         def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
             # One claim per attempt, by the library's own wait loop, on the lease that
@@ -174,6 +180,7 @@ def run(
             kill_after=kill_after,
             quiet=quiet,
             busy_says=busy_says,
+            shared=shared,
         )
     raise typer.Exit(code)
 
@@ -189,6 +196,7 @@ def hold_and_run(
     kill_after: timedelta,
     quiet: bool,
     busy_says: Callable[[Busy], str] | None = None,
+    shared: bool = False,
 ) -> int:
     """Get the lease by ``enter``, run ``cmd`` under it, release it: the exit code.
 
@@ -224,7 +232,7 @@ def hold_and_run(
                             say(_render.busy_line(name, busy.row, now, where(store), holder))
                     raise typer.Exit(busy_exit) from None
             env = dict(os.environ)
-            env.update(_environment(held, store))
+            env.update(_environment(held, store, shared=shared))
             outcome = _child.supervise(
                 cmd,
                 env,
@@ -257,15 +265,16 @@ def hold_and_run(
     return code
 
 
-def _environment(held: Held, store: Store) -> dict[str, str]:
+def _environment(held: Held, store: Store, *, shared: bool = False) -> dict[str, str]:
     """What CMD is told of what it runs under (several names: the first one's name and
-    fence, and every fence; permits: the first slot's fence, and every slot's)."""
+    fence, and every fence; permits: the first slot's fence, and every slot's; a reader:
+    its epoch, never as a fence)."""
     from pylease._held import NamesHeld, PermitsHeld
 
     env = {
         "PYLEASE_NAME": held.name,
         "PYLEASE_HOLDER": held.holder,
-        "PYLEASE_FENCE": str(held.fence),
+        "PYLEASE_EPOCH" if shared else "PYLEASE_FENCE": str(held.fence),
         "PYLEASE_DSN": store.url,
     }
     if isinstance(held, NamesHeld):

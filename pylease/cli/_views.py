@@ -1,4 +1,5 @@
-"""The commands that show leases (``status``, ``history``, ``metrics``) and prune them."""
+"""The commands that show leases (``status``, ``holders``, ``history``, ``metrics``) and
+prune them."""
 
 from __future__ import annotations
 
@@ -154,6 +155,43 @@ def _watch(store: Store, name: str | None, prefix: str | None, wide: bool) -> No
     finally:
         if watcher is not None:
             watcher.close()
+
+
+@command()
+def holders(
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="[NAME]", help="One name; default: all.", show_default=False),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list of objects with ISO-8601 times.")
+    ] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Show holders whole.")] = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    require_dsn: RequireDsnOption = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Show every current holder of every kind: a lease's writer (exclusive), its
+    readers (shared; FENCE is a reader's epoch), a semaphore's permits (with SLOT).
+
+    Example: pylease holders reports --json | jq length
+    """
+    with at_edge(verbose) as edge:
+        if name is not None:
+            key("name", name)
+        edge.store = store = find_store(dsn, schema, require_dsn)
+        with connect(store, "pylease holders") as (backend, conn):
+            rows = backend.holders(name)
+            now = server_now(store, conn)
+        if as_json:
+            typer.echo(json.dumps([_render.holder_json(r) for r in rows]))
+        elif not rows:
+            typer.echo(
+                f"nobody holds {name!r}" if name else f"nobody holds a lease in {store.shown}"
+            )
+        else:
+            typer.echo("\n".join(_render.holders_lines(rows, now, width(wide))))
 
 
 @command()

@@ -39,9 +39,14 @@ def translate(exc: psycopg.Error, name: str | None = None) -> PyleaseError:
         return InvalidArgument(message, parameter=bad_parameter(exc), name=name)
     if isinstance(exc, pg_errors.ProgramLimitExceeded):
         return FenceExhausted(exc.diag.message_primary or one_line(exc), name=name)
-    # InvalidSchemaName: the schema a lease's statements name was dropped meanwhile.
+    # InvalidSchemaName: the schema a lease's statements name was dropped meanwhile;
+    # UndefinedColumn: a schema older than the columns read (lease_status's shared).
     if isinstance(
-        exc, pg_errors.UndefinedFunction | pg_errors.UndefinedTable | pg_errors.InvalidSchemaName
+        exc,
+        pg_errors.UndefinedFunction
+        | pg_errors.UndefinedTable
+        | pg_errors.InvalidSchemaName
+        | pg_errors.UndefinedColumn,
     ):
         return SchemaMissing(
             f"pylease: {MISSING_SCHEMA_HINT} ({exc.diag.message_primary})", name=name

@@ -22,6 +22,7 @@ There is no NOTIFY: waiters poll.
 from __future__ import annotations
 
 from pylease.sqlite._backend import (
+    COMPANIONS,
     HISTORY_SETTINGS,
     OPERATIONS,
     AsyncSqliteBackend,
@@ -40,6 +41,7 @@ from pylease.sqlite._locations import (
 from pylease.sqlite._migrator import migrate
 
 __all__ = [
+    "COMPANIONS",
     "DEFAULT_BUSY_TIMEOUT",
     "HISTORY_SETTINGS",
     "NETWORK_FILESYSTEMS",

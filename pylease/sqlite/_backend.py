@@ -25,6 +25,10 @@ from pylease.sqlite._migrator import _SHARED_LOCK, _statements
 
 #: The operations' names, each the file ``sql/sqlite/<name>.sql``.
 OPERATIONS = tuple(op.name for op in _operations.OPERATIONS)
+#: The files run beside them: a writer's waiting claims, with SQLite's queue of waiting
+#: writers (contract 5.2), and a reader's release, after release.sql or
+#: release_tenure.sql found no exclusive tenure of its holder.
+COMPANIONS = ("claim_queued", "claim_queued_new", "release_shared")
 
 #: The values of the history setting (the row 'history' of pylease_settings).
 HISTORY_SETTINGS = ("rare", "all", "none")
@@ -84,11 +88,26 @@ class SqliteBackend(Backend):
             self._lock.release()
 
     def _write(
-        self, operation: str, params: Mapping[str, Any], name: str | None, *, durable: bool = True
+        self,
+        operation: str,
+        params: Mapping[str, Any],
+        name: str | None,
+        *,
+        durable: bool = True,
+        otherwise: tuple[str, Mapping[str, Any]] | None = None,
     ) -> list[Any]:
+        """Run ``operation``'s file in one write transaction; when it answers no row and
+        ``otherwise`` names another file (and its parameters), that one too, in the same."""
+
+        def run(conn: sqlite3.Connection) -> list[Any]:
+            rows = _run(conn, operation, params)
+            if rows or otherwise is None:
+                return rows
+            return _run(conn, *otherwise)
+
         with self._session(name) as conn:
             if conn.in_transaction:
-                return _run(conn, operation, params)
+                return run(conn)
             restore: int | None = None
             if not durable:
                 level = int(conn.execute("PRAGMA synchronous").fetchone()[0])
@@ -98,7 +117,7 @@ class SqliteBackend(Backend):
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    rows = _run(conn, operation, params)
+                    rows = run(conn)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -296,6 +315,22 @@ def _released_permits(backend: SqliteBackend, op: Operation, params: tuple[Any, 
     return bool(rows) and all(row[0] == len(rows) for row in rows)
 
 
+def _released(backend: SqliteBackend, op: Operation, params: tuple[Any, ...]) -> bool:
+    """``release``/``release_tenure``: a holder with no exclusive tenure to give back may
+    be a reader, whose share release_shared.sql gives back in the same transaction."""
+    named = _named(op, params)
+    share = {"name": named["name"], "holder": named["holder"], "fence": named.get("fence")}
+    rows = backend._write(
+        op.name, named, params[0], durable=False, otherwise=("release_shared", share)
+    )
+    return bool(rows) and bool(rows[0][0])
+
+
+def _renewed(backend: SqliteBackend, op: Operation, params: tuple[Any, ...]) -> bool:
+    """``renew``: a row came back (its fence: a reader's epoch may be 0)."""
+    return bool(backend._write(op.name, _named(op, params), params[0]))
+
+
 # The trigger's message is a literal: the limits come from the call and the file.
 _OTHER_LIMIT = "pylease: max_permits differs from the limit of this semaphore"
 
@@ -349,6 +384,9 @@ _SPECIAL: dict[str, Callable[[SqliteBackend, Operation, tuple[Any, ...]], Any]] 
     "permit_claim_new": _claimed_permits,
     "claim_all": _claimed_all,
     "claim_all_new": _claimed_all,
+    "renew": _renewed,
+    "release": _released,
+    "release_tenure": _released,
 }
 
 

@@ -20,11 +20,13 @@ $pin$;
 -- One row per name claimed and not pruned. A pruned name's next first grant starts
 -- above its bucket's pylease_fence_floors, so the fence of a name can only grow.
 -- Only `name` is indexed and fillfactor leaves room on the page, so claims and
--- renewals are HOT updates.
+-- renewals are HOT updates. A name first claimed by a reader has a row without a
+-- holder, released, for readers to lock; its fence is its bucket's floor (0 for a name
+-- never pruned): no writer was granted it.
 CREATE TABLE pylease_leases (
     name        text        PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
-    holder      text        NOT NULL CHECK (length(holder) BETWEEN 1 AND 200),
-    fence       bigint      NOT NULL CHECK (fence > 0),
+    holder      text        CHECK (length(holder) BETWEEN 1 AND 200),
+    fence       bigint      NOT NULL CHECK (fence >= 0),
     ttl         interval    NOT NULL,
     acquired_at timestamptz NOT NULL,
     renewed_at  timestamptz NOT NULL,
@@ -33,7 +35,8 @@ CREATE TABLE pylease_leases (
     grants      bigint      NOT NULL DEFAULT 0,
     takeovers   bigint      NOT NULL DEFAULT 0,
     steals      bigint      NOT NULL DEFAULT 0,
-    releases    bigint      NOT NULL DEFAULT 0
+    releases    bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT pylease_leases_unclaimed CHECK (holder IS NOT NULL OR released)
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE pylease_leases IS
@@ -117,6 +120,24 @@ CREATE TABLE pylease_fence_floors (
 
 COMMENT ON TABLE pylease_fence_floors IS
     'pylease: per bucket of names, the highest fence a pruned name had; written only by lease_prune.';
+
+-- One row per reader of a lease name: it holds while its epoch is still the name's
+-- fence (no exclusive grant since) and it is unexpired. A release deletes the row;
+-- an exclusive grant deletes the rows of the name (their readers are over), and a
+-- reader's release a few expired ones.
+CREATE TABLE pylease_shared (
+    name        text        NOT NULL,
+    holder      text        NOT NULL CHECK (length(holder) BETWEEN 1 AND 200),
+    epoch       bigint      NOT NULL CHECK (epoch >= 0),
+    ttl         interval    NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    renewed_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (name, holder)
+) WITH (fillfactor = 50);
+
+COMMENT ON TABLE pylease_shared IS
+    'pylease: the readers (shared holders) of lease names; written only through the lease_* functions.';
 
 -- Argument checks -------------------------------------------------------------
 
@@ -306,11 +327,15 @@ $$;
 -- A new lease row registers its name as a lease, or finds it a semaphore and
 -- raises. The insert into pylease_names waits for another transaction's insert of
 -- the same name, so a first lease grant and a first permit grant of one name never
--- both commit. It starts above every fence a pruned name of its bucket had.
+-- both commit. It starts above every fence a pruned name of its bucket had; a
+-- reader's row (no holder) at that floor.
 CREATE FUNCTION pylease_register_lease() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    NEW.fence := greatest(NEW.fence, pylease_fence_floor(NEW.name) + 1);
+    -- A reader's row (no holder: no writer was granted it) takes the floor itself as
+    -- its fence, the epoch of its readers; the next writer's grant goes above it.
+    NEW.fence := greatest(NEW.fence, pylease_fence_floor(NEW.name)
+                                     + CASE WHEN NEW.holder IS NULL THEN 0 ELSE 1 END);
     INSERT INTO pylease_names AS n (name, kind) VALUES (NEW.name, 'lease')
     ON CONFLICT (name) DO NOTHING;
     IF NOT FOUND AND EXISTS (SELECT FROM pylease_names AS n
@@ -450,9 +475,35 @@ BEGIN
                        takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
                  WHERE l.name = pylease_claim.name AND l.fence = s_fence AND l.released = s_freed
                    AND l.expires_at <= t_now
+                   -- Free of readers too (unexpired shares of its epoch).
+                   AND NOT EXISTS (SELECT FROM pylease_shared AS s
+                                    WHERE s.name = pylease_claim.name AND s.epoch = s_fence
+                                      AND s.expires_at > t_now)
                 RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
-            EXCEPTION WHEN lock_not_available THEN
-                -- The previous holder's fenced transaction is still open: not ours yet.
+                IF granted IS NULL THEN
+                    -- Read by readers: busy, and nothing was written. (Otherwise the row
+                    -- changed since it was read: look again.)
+                    IF EXISTS (SELECT FROM pylease_shared AS s
+                                WHERE s.name = pylease_claim.name AND s.epoch = s_fence
+                                  AND s.expires_at > t_now) THEN
+                        RETURN NULL;
+                    END IF;
+                ELSE
+                    -- A reader granted while the update waited for its row lock is seen
+                    -- only now, by a statement of its own: then busy after all. The rows
+                    -- of the name's readers go (they hold no longer once the fence moved).
+                    WITH gone AS (
+                        DELETE FROM pylease_shared AS s WHERE s.name = pylease_claim.name
+                        RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
+                    )
+                    SELECT coalesce(bool_or(g.live), false) INTO s_busy FROM gone AS g;
+                    IF s_busy THEN
+                        RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+                    END IF;
+                END IF;
+            EXCEPTION WHEN lock_not_available OR SQLSTATE 'PLBSY' THEN
+                -- The previous holder's fenced transaction is still open, or a reader
+                -- came first: not ours yet.
                 RETURN NULL;
             END;
             IF granted IS NOT NULL THEN
@@ -500,13 +551,16 @@ RETURN pylease_claim(lease_claim_new.name, lease_claim_new.ttl, lease_claim_new.
 -- lease expired and was granted to the same holder again) then changes nothing. A
 -- NULL fence renews whatever tenure the holder has, as lease_renew(name, holder,
 -- ttl). Never earlier: another renewer's shorter ttl must not cut short what the
--- owner was granted. The fence has no DEFAULT: a call with two or three arguments,
--- positional or named, still means the function below alone.
+-- owner was granted. A reader (no exclusive tenure matched) renews its share while
+-- its epoch is still the name's fence and is the fence given (its tenure). The fence
+-- has no DEFAULT: a call with two or three arguments, positional or named, still
+-- means the function below alone.
 CREATE FUNCTION lease_renew(name text, holder text, ttl interval, fence bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
-    t_now timestamptz := clock_timestamp();
+    t_now   timestamptz := clock_timestamp();
+    l_fence bigint;
 BEGIN
     IF lease_renew.name IS NULL OR lease_renew.name = '' OR length(lease_renew.name) > 200
        OR lease_renew.holder IS NULL OR lease_renew.holder = '' OR length(lease_renew.holder) > 200
@@ -529,6 +583,25 @@ BEGIN
            expires_at = greatest(l.expires_at, t_now + coalesce(lease_renew.ttl, l.ttl))
      WHERE l.name = lease_renew.name AND l.holder = lease_renew.holder AND NOT l.released
        AND (lease_renew.fence IS NULL OR l.fence = lease_renew.fence);
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- A reader: its row, while its epoch is still the name's fence (and is the fence
+    -- given: a reader's tenure is its epoch). The lease row is locked FOR KEY SHARE
+    -- first, so that an exclusive grant comes either before this renewal (the epoch no
+    -- longer matches) or after it (and sees the reader).
+    IF NOT EXISTS (SELECT FROM pylease_shared AS s
+                    WHERE s.name = lease_renew.name AND s.holder = lease_renew.holder) THEN
+        RETURN false;
+    END IF;
+    SELECT l.fence INTO l_fence FROM pylease_leases AS l WHERE l.name = lease_renew.name
+       FOR KEY SHARE;
+    UPDATE pylease_shared AS s
+       SET ttl        = coalesce(lease_renew.ttl, s.ttl),
+           renewed_at = t_now,
+           expires_at = greatest(s.expires_at, t_now + coalesce(lease_renew.ttl, s.ttl))
+     WHERE s.name = lease_renew.name AND s.holder = lease_renew.holder AND s.epoch = l_fence
+       AND (lease_renew.fence IS NULL OR s.epoch = lease_renew.fence);
     RETURN FOUND;
 END
 $$;
@@ -549,7 +622,8 @@ RETURNS TABLE(name text, renewed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
-    t_now timestamptz := clock_timestamp();
+    t_now   timestamptz := clock_timestamp();
+    readers boolean := false;
 BEGIN
     IF lease_renew_many.names IS NULL OR lease_renew_many.holders IS NULL
        OR cardinality(lease_renew_many.names) <> cardinality(lease_renew_many.holders)
@@ -566,6 +640,19 @@ BEGIN
     IF cardinality(lease_renew_many.fences) <> cardinality(lease_renew_many.names) THEN
         RAISE EXCEPTION 'pylease: fences must have one element (or NULL) per element of names'
             USING ERRCODE = '22023', COLUMN = 'fences';
+    END IF;
+
+    -- Readers among them (a row in pylease_shared): every lease row of the batch is
+    -- first locked FOR KEY SHARE, in name order, so that an exclusive grant comes
+    -- either before a reader's renewal or after it (as in lease_renew), and the locks
+    -- below are taken in name order still.
+    IF EXISTS (SELECT FROM unnest(lease_renew_many.names, lease_renew_many.holders) AS u(n, h)
+                 JOIN pylease_shared AS s ON s.name = u.n AND s.holder = u.h) THEN
+        PERFORM FROM pylease_leases AS l
+          WHERE l.name = ANY (lease_renew_many.names)
+          ORDER BY l.name
+            FOR KEY SHARE;
+        readers := true;
     END IF;
 
     -- Rows are locked in name order, so two renewers of overlapping sets (an
@@ -594,10 +681,20 @@ BEGIN
           FROM locked AS k
          WHERE l.name = k.name
         RETURNING l.name, l.holder, l.fence
+    ), shared AS (
+        UPDATE pylease_shared AS s
+           SET ttl        = coalesce(lease_renew_many.ttl, s.ttl),
+               renewed_at = t_now,
+               expires_at = greatest(s.expires_at, t_now + coalesce(lease_renew_many.ttl, s.ttl))
+          FROM wanted AS w, pylease_leases AS l
+         WHERE readers AND s.name = w.n AND s.holder = w.h AND l.name = w.n AND s.epoch = l.fence
+           AND (w.f IS NULL OR s.epoch = w.f)
+        RETURNING s.name, s.holder
     )
-    SELECT w.n, r.name IS NOT NULL
+    SELECT w.n, r.name IS NOT NULL OR x.name IS NOT NULL
       FROM wanted AS w
       LEFT JOIN renewed AS r ON r.name = w.n AND r.holder = w.h AND (w.f IS NULL OR r.fence = w.f)
+      LEFT JOIN shared AS x ON x.name = w.n AND x.holder = w.h
      ORDER BY w.i;
 END
 $$;
@@ -718,7 +815,7 @@ BEGIN
     RETURNING l.fence, l.expires_at <= t_now, current_setting('pylease.history', true)
          INTO freed, notify, history;
     IF freed IS NULL THEN
-        RETURN false;
+        RETURN pylease_release_shared(lease_release.name, lease_release.holder, NULL);
     ELSIF history IS NULL OR history IN ('', 'rare', 'none') THEN
         NULL;
     ELSIF history = 'all' THEN
@@ -782,7 +879,7 @@ BEGIN
     RETURNING l.fence, l.expires_at <= t_now, current_setting('pylease.history', true)
          INTO freed, notify, history;
     IF freed IS NULL THEN
-        RETURN false;
+        RETURN pylease_release_shared(lease_release.name, lease_release.holder, lease_release.fence);
     ELSIF history IS NULL OR history IN ('', 'rare', 'none') THEN
         NULL;
     ELSIF history = 'all' THEN
@@ -815,6 +912,7 @@ DECLARE
     s_renewed timestamptz;
     s_expires timestamptz;
     s_freed   boolean;
+    s_read    boolean;
     kind      text;
     history   text;
 BEGIN
@@ -827,8 +925,10 @@ BEGIN
     END IF;
 
     LOOP
-        SELECT l.holder, l.fence, l.renewed_at, l.expires_at, l.released
-          INTO s_holder, s_fence, s_renewed, s_expires, s_freed
+        SELECT l.holder, l.fence, l.renewed_at, l.expires_at, l.released,
+               EXISTS (SELECT FROM pylease_shared AS s
+                        WHERE s.name = l.name AND s.epoch = l.fence AND s.expires_at > t_now)
+          INTO s_holder, s_fence, s_renewed, s_expires, s_freed, s_read
           FROM pylease_leases AS l
          WHERE l.name = lease_steal.name;
         IF NOT FOUND THEN
@@ -841,6 +941,10 @@ BEGIN
             RETURNING l.fence INTO granted;
             kind := 'claimed';
             EXIT;
+        END IF;
+        -- Never from readers: a steal breaks a writer's lease only.
+        IF s_read THEN
+            RETURN NULL;
         END IF;
         -- older_than '0' is unconditional: a renewal that commits while the steal waits
         -- for the row (renewed_at later than t_now) must not make it give up.
@@ -855,26 +959,41 @@ BEGIN
         kind := CASE WHEN s_freed THEN 'claimed' WHEN s_expires <= t_now THEN 'taken_over'
                      ELSE 'stolen' END;
 
-        UPDATE pylease_leases AS l
-           SET fence       = greatest(s_fence + 1,
-                ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
-               holder      = lease_steal.holder,
-               ttl         = lease_steal.ttl,
-               acquired_at = t_now,
-               renewed_at  = t_now,
-               expires_at  = CASE WHEN NOT s_freed AND s_holder = lease_steal.holder
-                                  THEN greatest(l.expires_at, t_now + lease_steal.ttl)
-                                  ELSE t_now + lease_steal.ttl END,
-               released    = false,
-               grants      = l.grants + 1,
-               takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
-               steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
-         WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
-           AND l.expires_at = s_expires
-           AND (lease_steal.older_than = interval '0'
-                OR l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
-        RETURNING l.fence INTO granted;
-        EXIT WHEN FOUND;
+        BEGIN
+            UPDATE pylease_leases AS l
+               SET fence       = greatest(s_fence + 1,
+                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+                   holder      = lease_steal.holder,
+                   ttl         = lease_steal.ttl,
+                   acquired_at = t_now,
+                   renewed_at  = t_now,
+                   expires_at  = CASE WHEN NOT s_freed AND s_holder = lease_steal.holder
+                                      THEN greatest(l.expires_at, t_now + lease_steal.ttl)
+                                      ELSE t_now + lease_steal.ttl END,
+                   released    = false,
+                   grants      = l.grants + 1,
+                   takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
+                   steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
+             WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
+               AND l.expires_at = s_expires
+               AND (lease_steal.older_than = interval '0'
+                    OR l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
+            RETURNING l.fence INTO granted;
+            -- As in lease_claim: a reader granted while the update waited is seen now.
+            IF granted IS NOT NULL THEN
+                WITH gone AS (
+                    DELETE FROM pylease_shared AS s WHERE s.name = lease_steal.name
+                    RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
+                )
+                SELECT coalesce(bool_or(g.live), false) INTO s_read FROM gone AS g;
+                IF s_read THEN
+                    RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+                END IF;
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PLBSY' THEN
+            RETURN NULL;
+        END;
+        EXIT WHEN granted IS NOT NULL;
     END LOOP;
 
     IF granted IS NOT NULL THEN
@@ -912,6 +1031,18 @@ BEGIN
         AND l.fence = lease_holds.fence AND NOT l.released
         AND l.expires_at > clock_timestamp()
         FOR KEY SHARE;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- A reader (fence: its epoch): its unexpired row, while the epoch is still the
+    -- name's fence. The row is locked as for the exclusive holder, so a fenced write
+    -- and an exclusive grant are serialized in the same way.
+    PERFORM FROM pylease_leases AS l
+      WHERE l.name = lease_holds.name AND l.fence = lease_holds.fence
+        AND EXISTS (SELECT FROM pylease_shared AS s
+                     WHERE s.name = l.name AND s.holder = lease_holds.holder
+                       AND s.epoch = l.fence AND s.expires_at > clock_timestamp())
+        FOR KEY SHARE;
     RETURN FOUND;
 END
 $$;
@@ -923,15 +1054,29 @@ $$;
 CREATE FUNCTION lease_status(name text DEFAULT NULL)
 RETURNS TABLE(name text, holder text, fence bigint, acquired_at timestamptz,
               renewed_at timestamptz, expires_at timestamptz, held boolean,
-              state text, ttl interval)
+              state text, ttl interval, shared integer)
 LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
-    SELECT l.name, l.holder, l.fence, l.acquired_at, l.renewed_at, l.expires_at,
-           NOT l.released AND l.expires_at > c.now,
-           CASE WHEN l.expires_at > c.now THEN CASE WHEN l.released THEN 'resting' ELSE 'held' END
+    SELECT l.name,
+           CASE WHEN r.n > 0 THEN NULL ELSE l.holder END,
+           l.fence,
+           CASE WHEN r.n > 0 THEN r.acquired_at ELSE l.acquired_at END,
+           CASE WHEN r.n > 0 THEN r.renewed_at ELSE l.renewed_at END,
+           CASE WHEN r.n > 0 THEN r.expires_at ELSE l.expires_at END,
+           r.n > 0 OR (NOT l.released AND l.expires_at > c.now),
+           CASE WHEN r.n > 0 THEN 'shared'
+                WHEN l.expires_at > c.now THEN CASE WHEN l.released THEN 'resting' ELSE 'held' END
                 WHEN l.released THEN 'released' ELSE 'expired' END,
-           l.ttl
-      FROM pylease_leases AS l, (SELECT clock_timestamp() AS now) AS c
+           CASE WHEN r.n > 0 THEN r.ttl ELSE l.ttl END,
+           r.n::integer
+      FROM pylease_leases AS l
+     CROSS JOIN (SELECT clock_timestamp() AS now) AS c
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS n, min(s.acquired_at) AS acquired_at,
+                  max(s.renewed_at) AS renewed_at, max(s.expires_at) AS expires_at,
+                  max(s.ttl) AS ttl
+             FROM pylease_shared AS s
+            WHERE s.name = l.name AND s.epoch = l.fence AND s.expires_at > c.now) AS r
      WHERE $1 IS NULL OR l.name = $1
      ORDER BY l.name;
 $$;
@@ -1016,17 +1161,18 @@ END
 $$;
 
 -- Delete the names (leases and semaphores) that nobody has held for at least
--- idle_for, with their counters; their history stays. How many were deleted.
--- Fences never go back: a pruned name's bucket floor is raised to its fence first,
--- in the same transaction, under the bucket's lock. Prune never waits: a bucket in
--- a first grant's hands, a row locked by a claimer or by a fenced transaction is
--- skipped this time.
+-- idle_for, with their counters; their history stays. How many were deleted. A name
+-- read within idle_for stays. Fences never go back: a pruned name's bucket floor is
+-- raised to its fence first, in the same transaction, under the bucket's lock. Prune
+-- never waits: a bucket in a first grant's hands, a row locked by a claimer, a reader
+-- or a fenced transaction is skipped this time.
 CREATE FUNCTION lease_prune(idle_for interval) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     cutoff  timestamptz;
     buckets integer[];
+    idle    text[];
     leases  bigint;
     sems    bigint;
 BEGIN
@@ -1047,19 +1193,31 @@ BEGIN
         RETURN 0;
     END IF;
 
+    -- Locked in a statement of their own: a reader whose claim committed before the
+    -- lock (it holds the row FOR KEY SHARE until then) is seen by the next statement,
+    -- and one that comes after waits for this transaction.
+    SELECT array_agg(k.name) INTO idle FROM (
+        SELECT l.name FROM pylease_leases AS l
+         WHERE l.expires_at <= cutoff AND (hashtext(l.name) & 1023) = ANY (buckets)
+           FOR UPDATE SKIP LOCKED) AS k;
+    -- A name read within idle_for stays; a name only readers claimed (fence 0) raises
+    -- no floor.
     WITH gone AS (
         SELECT l.name, l.fence FROM pylease_leases AS l
-         WHERE l.expires_at <= cutoff AND (hashtext(l.name) & 1023) = ANY (buckets)
-           FOR UPDATE SKIP LOCKED
+         WHERE l.name = ANY (idle)
+           AND NOT EXISTS (SELECT FROM pylease_shared AS s
+                            WHERE s.name = l.name AND s.expires_at > cutoff)
     ), floors AS (
         INSERT INTO pylease_fence_floors AS fl (bucket, floor)
-        SELECT hashtext(g.name) & 1023, max(g.fence) FROM gone AS g GROUP BY 1
+        SELECT hashtext(g.name) & 1023, max(g.fence) FROM gone AS g WHERE g.fence > 0 GROUP BY 1
         ON CONFLICT (bucket) DO UPDATE SET floor = greatest(fl.floor, excluded.floor)
     ), deleted AS (
         DELETE FROM pylease_leases AS l USING gone AS g WHERE l.name = g.name
         RETURNING l.name
     ), unnamed AS (
         DELETE FROM pylease_names AS n USING deleted AS d WHERE n.name = d.name
+    ), shares AS (
+        DELETE FROM pylease_shared AS s USING deleted AS d WHERE s.name = d.name
     )
     SELECT count(*) INTO leases FROM deleted;
 
@@ -1116,7 +1274,7 @@ COMMENT ON FUNCTION lease_steal(text, interval, text, interval) IS
 COMMENT ON FUNCTION lease_holds(text, text, bigint) IS
     'pylease: true iff the unexpired lease is held by this holder with this fence; locks the row FOR KEY SHARE against every grant.';
 COMMENT ON FUNCTION lease_status(text) IS
-    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released; state is held, resting, released or expired.';
+    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released; state is held, shared, resting, released or expired; shared counts the readers.';
 COMMENT ON FUNCTION lease_counters(text) IS
     'pylease: per name (leases and semaphores), how many grants, takeovers, steals and releases there were.';
 COMMENT ON FUNCTION lease_history(text, timestamptz, integer) IS
@@ -1216,6 +1374,10 @@ BEGIN
             PERFORM pg_notify('pylease_waiters',
                               json_build_object('name', lease_unwait.name, 'waiter', head,
                                                 'claim', NOT coalesce(granted, false))::text);
+        ELSIF NOT coalesce(granted, false) THEN
+            -- The last waiting writer left without the lease: the readers it held off
+            -- (writer preference) may claim now.
+            PERFORM pg_notify('pylease', lease_unwait.name);
         END IF;
     END IF;
     -- Last, as in lease_wait.
@@ -1745,7 +1907,10 @@ BEGIN
     IF EXISTS (SELECT FROM pylease_leases AS l
                 WHERE l.name = ANY (pylease_claim_all.names) AND l.expires_at > t_now
                   AND (pylease_claim_all.new_tenure OR l.released
-                       OR l.holder <> pylease_claim_all.holder)) THEN
+                       OR l.holder <> pylease_claim_all.holder))
+       OR EXISTS (SELECT FROM pylease_leases AS l
+                    JOIN pylease_shared AS s ON s.name = l.name AND s.epoch = l.fence
+                   WHERE l.name = ANY (pylease_claim_all.names) AND s.expires_at > t_now) THEN
         RETURN;
     END IF;
 
@@ -1784,7 +1949,10 @@ BEGIN
                     WHERE l.name = ANY (pylease_claim_all.names) AND l.name <> ALL (created)
                       AND l.expires_at > t_now
                       AND (pylease_claim_all.new_tenure OR l.released
-                           OR l.holder <> pylease_claim_all.holder)) THEN
+                           OR l.holder <> pylease_claim_all.holder))
+           OR EXISTS (SELECT FROM pylease_leases AS l
+                        JOIN pylease_shared AS s ON s.name = l.name AND s.epoch = l.fence
+                       WHERE l.name = ANY (pylease_claim_all.names) AND s.expires_at > t_now) THEN
             RAISE EXCEPTION USING ERRCODE = 'PLBSY';
         END IF;
         SELECT min(l.name) INTO worn FROM pylease_leases AS l
@@ -1953,7 +2121,9 @@ COMMENT ON FUNCTION lease_release_all(text[], text) IS
 -- names[i] of holders[i] while its fence is fences[i]; 'permit' renews every slot of
 -- the semaphore names[i] that holders[i] holds, all or nothing as permit_renew does,
 -- while it holds slot slots[i] with fence fences[i], and answers the earliest expiry
--- of its slots. A NULL fences or slots (array or element) matches any tenure of the
+-- of its slots; 'shared' renews the share of the reader holders[i] of the lease
+-- names[i] while its epoch is still the name's fence and is fences[i] (a reader's
+-- tenure is its epoch). A NULL fences or slots (array or element) matches any tenure of the
 -- holder. So a late renewal of an earlier tenure (sent before it expired and was
 -- granted to the same holder again) renews nothing. Each at its own ttl (NULL: its
 -- last one). One element's loss or kind mismatch (a lease element of a semaphore's
@@ -1972,6 +2142,8 @@ DECLARE
     l_exp timestamptz[];
     p_at  bigint[];
     p_exp timestamptz[];
+    s_at  bigint[];
+    s_exp timestamptz[];
 BEGIN
     IF pylease_renew_held.ttls IS NULL THEN
         RAISE EXCEPTION 'pylease: ttls must not be NULL' USING ERRCODE = '22023', COLUMN = 'ttls';
@@ -1988,9 +2160,9 @@ BEGIN
     IF pylease_renew_held.kinds IS NULL
        OR cardinality(pylease_renew_held.kinds) <> cardinality(pylease_renew_held.names)
        OR EXISTS (SELECT FROM unnest(pylease_renew_held.kinds) AS u(v)
-                   WHERE v IS NULL OR v NOT IN ('lease', 'permit'))
+                   WHERE v IS NULL OR v NOT IN ('lease', 'shared', 'permit'))
     THEN
-        RAISE EXCEPTION 'pylease: kinds must hold ''lease'' or ''permit'' for each element of names'
+        RAISE EXCEPTION 'pylease: kinds must hold ''lease'', ''shared'' or ''permit'' for each element of names'
             USING ERRCODE = '22023', COLUMN = 'kinds';
     END IF;
     IF cardinality(pylease_renew_held.fences) <> cardinality(pylease_renew_held.names) THEN
@@ -1999,6 +2171,18 @@ BEGIN
     ELSIF cardinality(pylease_renew_held.slots) <> cardinality(pylease_renew_held.names) THEN
         RAISE EXCEPTION 'pylease: slots must have one element (or NULL) per element of names'
             USING ERRCODE = '22023', COLUMN = 'slots';
+    END IF;
+
+    -- Readers among them: every lease row of the batch is first locked FOR KEY SHARE,
+    -- in name order (as in lease_renew_many), so that an exclusive grant comes either
+    -- before a reader's renewal or after it, and the locks below keep name order.
+    IF 'shared' = ANY (pylease_renew_held.kinds) THEN
+        PERFORM FROM pylease_leases AS l
+          WHERE l.name IN (SELECT u.n FROM unnest(pylease_renew_held.kinds, pylease_renew_held.names)
+                                           AS u(k, n)
+                            WHERE u.k IN ('lease', 'shared'))
+          ORDER BY l.name
+            FOR KEY SHARE;
     END IF;
 
     -- Leases, as lease_renew_each, in their tenures. FOR NO KEY UPDATE passes the FOR
@@ -2035,6 +2219,35 @@ BEGIN
         SELECT array_agg(w.i), array_agg(r.expires_at) INTO l_at, l_exp
           FROM wanted AS w
           JOIN renewed AS r ON r.name = w.n AND r.holder = w.h AND (w.f IS NULL OR r.fence = w.f);
+    END IF;
+
+    -- Readers, as lease_renew: while their epoch is still the name's fence, and is
+    -- fences[i] (a reader's tenure is its epoch).
+    IF 'shared' = ANY (pylease_renew_held.kinds) THEN
+        WITH wanted AS (
+            SELECT u.n, u.h, u.t, pylease_renew_held.fences[u.i] AS f, u.i
+              FROM unnest(pylease_renew_held.kinds, pylease_renew_held.names,
+                          pylease_renew_held.holders, pylease_renew_held.ttls)
+                   WITH ORDINALITY AS u(k, n, h, t, i)
+             WHERE u.k = 'shared'
+               AND CASE WHEN u.n IS NULL OR u.n = '' OR length(u.n) > 200
+                          OR u.h IS NULL OR u.h = '' OR length(u.h) > 200
+                          OR NOT isfinite(u.t) OR u.t <= interval '0' OR u.t > interval '366 days'
+                        THEN pylease_check_batch(pylease_renew_held.names, pylease_renew_held.holders,
+                                                 pylease_renew_held.ttls) IS NULL
+                        ELSE true END
+        ), renewed AS (
+            UPDATE pylease_shared AS s
+               SET ttl        = coalesce(w.t, s.ttl),
+                   renewed_at = t_now,
+                   expires_at = greatest(s.expires_at, t_now + coalesce(w.t, s.ttl))
+              FROM wanted AS w, pylease_leases AS l
+             WHERE s.name = w.n AND s.holder = w.h AND l.name = w.n AND s.epoch = l.fence
+               AND (w.f IS NULL OR s.epoch = w.f)
+            RETURNING s.name, s.holder, s.expires_at
+        )
+        SELECT array_agg(w.i), array_agg(r.expires_at) INTO s_at, s_exp
+          FROM wanted AS w JOIN renewed AS r ON r.name = w.n AND r.holder = w.h;
     END IF;
 
     -- Semaphores, as permit_renew: a holder's slots are renewed only when they are
@@ -2091,6 +2304,8 @@ BEGIN
       LEFT JOIN (SELECT a.i, a.e FROM unnest(coalesce(l_at, '{}'), coalesce(l_exp, '{}')) AS a(i, e)
                  UNION ALL
                  SELECT b.i, b.e FROM unnest(coalesce(p_at, '{}'), coalesce(p_exp, '{}')) AS b(i, e)
+                 UNION ALL
+                 SELECT c.i, c.e FROM unnest(coalesce(s_at, '{}'), coalesce(s_exp, '{}')) AS c(i, e)
                 ) AS x ON x.i = u.i
      ORDER BY u.i;
 END
@@ -2112,7 +2327,231 @@ END;
 COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[]) IS
     'pylease (internal, the keeper''s): renew leases and permits of several holders in one statement, each at its own ttl.';
 COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigint[], integer[]) IS
-    'pylease (internal, the keeper''s): renew leases and permits of several holders in one statement, each at its own ttl and in the tenure its fence names.';
+    'pylease (internal, the keeper''s): renew leases, readers'' shares and permits of several holders in one statement, each at its own ttl and in the tenure its fence names (a reader''s: its epoch).';
+
+-- Readers ---------------------------------------------------------------------
+
+-- Claim a share of a lease (a reader): the epoch when granted (the fence of the
+-- name's latest exclusive grant, 0 if none), NULL when an exclusive holder holds the
+-- name or a writer waits in the queue of waiting processes. A busy claim is answered
+-- by one read (no row lock, no WAL). A grant locks the lease row FOR KEY SHARE and
+-- writes only the reader's own row, so readers never wait for each other; a claim
+-- again by a reader of this epoch extends its share (never earlier).
+CREATE FUNCTION lease_claim_shared(name text, ttl interval, holder text) RETURNS bigint
+-- Waits at most lock_timeout for the lease row (an exclusive grant under way, or the
+-- exclusive holder's renewal), then counts as busy.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
+#variable_conflict use_column
+DECLARE
+    t_now     timestamptz := clock_timestamp();
+    s_holder  text;
+    s_fence   bigint;
+    s_freed   boolean;
+    s_expires timestamptz;
+    s_mine    boolean;
+    s_queued  boolean;
+    history   text;
+BEGIN
+    IF lease_claim_shared.name IS NULL OR lease_claim_shared.name = ''
+       OR length(lease_claim_shared.name) > 200
+       OR lease_claim_shared.ttl IS NULL OR NOT isfinite(lease_claim_shared.ttl)
+       OR lease_claim_shared.ttl <= interval '0' OR lease_claim_shared.ttl > interval '366 days'
+       OR lease_claim_shared.holder IS NULL OR lease_claim_shared.holder = ''
+       OR length(lease_claim_shared.holder) > 200
+       OR current_setting('transaction_read_only') = 'on'
+    THEN
+        PERFORM pylease_check_key('name', lease_claim_shared.name);
+        PERFORM pylease_check_ttl('ttl', lease_claim_shared.ttl);
+        PERFORM pylease_check_key('holder', lease_claim_shared.holder);
+        IF pg_is_in_recovery() THEN
+            PERFORM pylease_refuse_standby('lease_claim_shared');
+        END IF;
+        PERFORM pylease_refuse_read_only('lease_claim_shared');
+    END IF;
+
+    LOOP
+        -- Busy, decided by one read (no row lock, no WAL): an exclusive holder whose
+        -- lease is unexpired (or resting after a min_hold release), or a writer
+        -- waiting in the queue of waiting processes (writer preference), unless this
+        -- holder reads the name already (a retried claim).
+        SELECT l.holder, l.fence, l.released, l.expires_at,
+               EXISTS (SELECT FROM pylease_shared AS s
+                        WHERE s.name = l.name AND s.holder = lease_claim_shared.holder
+                          AND s.epoch = l.fence),
+               EXISTS (SELECT FROM pylease_waiters AS w
+                        WHERE w.name = l.name AND w.expires_at > t_now)
+          INTO s_holder, s_fence, s_freed, s_expires, s_mine, s_queued
+          FROM pylease_leases AS l
+         WHERE l.name = lease_claim_shared.name;
+        IF NOT FOUND THEN
+            -- The name's first claim: a row for readers to lock (no holder; its fence
+            -- the floor, pylease_register_lease); a conflict: another first claim made it.
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, released)
+            VALUES (lease_claim_shared.name, NULL, 0, lease_claim_shared.ttl, t_now, t_now, t_now,
+                    true)
+            ON CONFLICT DO NOTHING;
+            CONTINUE;
+        ELSIF s_expires > t_now OR (s_queued AND NOT s_mine) THEN
+            RETURN NULL;
+        END IF;
+
+        IF current_setting('statement_timeout') <> '0' THEN
+            PERFORM set_config('lock_timeout', least(2000, greatest(1, (500 * extract(epoch
+                FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
+        END IF;
+        BEGIN
+            -- Locked FOR KEY SHARE, the row stays as read here until this transaction
+            -- ends: no exclusive grant (it changes the fence, a key column) comes
+            -- between, and the one that waits for this lock sees this reader.
+            SELECT l.holder, l.fence, l.released, l.expires_at
+              INTO s_holder, s_fence, s_freed, s_expires
+              FROM pylease_leases AS l
+             WHERE l.name = lease_claim_shared.name
+               FOR KEY SHARE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'PLAGN';  -- pruned meanwhile
+            ELSIF s_expires > t_now THEN
+                RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+            ELSIF NOT s_freed THEN
+                -- The exclusive holder died (its ttl ran out without a release): the row
+                -- is marked released, so that its late renewal cannot make it hold again
+                -- beside this reader. The one write of a reader to the row, counted and
+                -- recorded as the takeover it is; a renewal that came first wins.
+                UPDATE pylease_leases AS l
+                   SET released  = true,
+                       takeovers = l.takeovers + 1
+                 WHERE l.name = lease_claim_shared.name AND l.fence = s_fence AND NOT l.released
+                   AND l.expires_at <= t_now;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION USING ERRCODE = 'PLAGN';
+                END IF;
+                history := current_setting('pylease.history', true);
+                IF history IS NULL OR history IN ('', 'rare', 'all') THEN
+                    INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+                    VALUES (t_now, lease_claim_shared.name, 'taken_over', lease_claim_shared.holder,
+                            s_fence, s_holder);
+                ELSIF history <> 'none' THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+            END IF;
+            -- A retried claim of this epoch keeps its acquired_at and never moves its
+            -- expiry earlier; a row of an earlier epoch is a share that was lost.
+            INSERT INTO pylease_shared AS s (name, holder, epoch, ttl, acquired_at, renewed_at,
+                                             expires_at)
+            VALUES (lease_claim_shared.name, lease_claim_shared.holder, s_fence,
+                    lease_claim_shared.ttl, t_now, t_now, t_now + lease_claim_shared.ttl)
+            ON CONFLICT (name, holder) DO UPDATE
+               SET acquired_at = CASE WHEN s.epoch = excluded.epoch THEN s.acquired_at
+                                      ELSE excluded.acquired_at END,
+                   expires_at  = CASE WHEN s.epoch = excluded.epoch
+                                      THEN greatest(s.expires_at, excluded.expires_at)
+                                      ELSE excluded.expires_at END,
+                   epoch       = excluded.epoch,
+                   ttl         = excluded.ttl,
+                   renewed_at  = excluded.renewed_at;
+        EXCEPTION
+            WHEN lock_not_available OR SQLSTATE 'PLBSY' THEN
+                RETURN NULL;
+            WHEN SQLSTATE 'PLAGN' THEN
+                CONTINUE;  -- the row changed since it was read: decide again
+        END;
+        IF NOT s_mine THEN
+            history := current_setting('pylease.history', true);
+            IF history = 'all' THEN
+                INSERT INTO pylease_events (at, name, event, holder, fence)
+                VALUES (t_now, lease_claim_shared.name, 'claimed', lease_claim_shared.holder,
+                        s_fence);
+            ELSIF history IS NOT NULL AND history NOT IN ('', 'rare', 'none') THEN
+                PERFORM pylease_refuse_history(history);
+            END IF;
+        END IF;
+        RETURN s_fence;
+    END LOOP;
+END
+$$;
+
+-- A reader's release, for lease_release once no exclusive tenure of the holder was
+-- found: its share (of this epoch, when given) is deleted; true when it was still
+-- its own (no exclusive grant since its epoch). NOTIFY pylease when it was the last
+-- reader, or while a writer waits.
+CREATE FUNCTION pylease_release_shared(lease text, reader text, epoch bigint) RETURNS boolean
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    t_now   timestamptz := clock_timestamp();
+    s_epoch bigint;
+    s_fence bigint;
+    history text;
+BEGIN
+    DELETE FROM pylease_shared AS s
+     WHERE s.name = lease AND s.holder = reader
+       AND (pylease_release_shared.epoch IS NULL OR s.epoch = pylease_release_shared.epoch)
+    RETURNING s.epoch INTO s_epoch;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT l.fence INTO s_fence FROM pylease_leases AS l WHERE l.name = lease;
+    IF s_epoch IS DISTINCT FROM s_fence THEN
+        RETURN false;  -- a writer was granted since: the share was no longer its own
+    END IF;
+    history := current_setting('pylease.history', true);
+    IF history = 'all' THEN
+        INSERT INTO pylease_events (at, name, event, holder, fence)
+        VALUES (t_now, lease, 'released', reader, s_epoch);
+    ELSIF history IS NOT NULL AND history NOT IN ('', 'rare', 'none') THEN
+        PERFORM pylease_refuse_history(history);
+    END IF;
+    -- The last reader wakes the waiters; while a writer waits (no reader comes in
+    -- meanwhile), every reader that leaves does, since two readers leaving at once
+    -- may each see the other still there.
+    IF NOT EXISTS (SELECT FROM pylease_shared AS s
+                    WHERE s.name = lease AND s.epoch = s_fence AND s.expires_at > t_now)
+       OR EXISTS (SELECT FROM pylease_waiters AS w WHERE w.name = lease AND w.expires_at > t_now)
+    THEN
+        PERFORM pg_notify('pylease', lease);
+    END IF;
+    -- A few expired shares of the name (readers that died) go; none is waited for.
+    DELETE FROM pylease_shared AS s
+     WHERE s.name = lease
+       AND s.holder IN (SELECT x.holder FROM pylease_shared AS x
+                         WHERE x.name = lease AND x.expires_at <= t_now
+                         LIMIT 16 FOR UPDATE SKIP LOCKED);
+    RETURN true;
+END
+$$;
+
+-- Every current holder of every kind: the exclusive holder, the readers, the
+-- holders of a semaphore's slots.
+CREATE FUNCTION lease_holders(name text DEFAULT NULL)
+RETURNS TABLE(name text, holder text, mode text, slot integer, fence bigint,
+              acquired_at timestamptz, renewed_at timestamptz, expires_at timestamptz)
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
+    WITH c AS (SELECT clock_timestamp() AS now)
+    SELECT h.name, h.holder, h.mode, h.slot, h.fence, h.acquired_at, h.renewed_at, h.expires_at
+      FROM (SELECT l.name, l.holder, 'exclusive' AS mode, NULL::integer AS slot, l.fence,
+                   l.acquired_at, l.renewed_at, l.expires_at
+              FROM pylease_leases AS l, c
+             WHERE ($1 IS NULL OR l.name = $1) AND NOT l.released AND l.expires_at > c.now
+            UNION ALL
+            SELECT s.name, s.holder, 'shared', NULL, s.epoch, s.acquired_at, s.renewed_at,
+                   s.expires_at
+              FROM pylease_shared AS s
+              JOIN pylease_leases AS l ON l.name = s.name AND l.fence = s.epoch, c
+             WHERE ($1 IS NULL OR s.name = $1) AND s.expires_at > c.now
+            UNION ALL
+            SELECT p.name, p.holder, 'permit', p.slot, p.fence, p.acquired_at, p.renewed_at,
+                   p.expires_at
+              FROM pylease_permits AS p, c
+             WHERE ($1 IS NULL OR p.name = $1) AND NOT p.released AND p.expires_at > c.now
+           ) AS h
+     ORDER BY h.name, h.mode, h.slot, h.holder;
+$$;
+
+COMMENT ON FUNCTION lease_claim_shared(text, interval, text) IS
+    'pylease: claim a share of a lease (a reader); the epoch when granted, NULL while an exclusive holder holds it or a writer waits.';
+COMMENT ON FUNCTION lease_holders(text) IS
+    'pylease: every current holder of every kind (exclusive, shared, permit), of one name or all.';
 
 -- Groups ----------------------------------------------------------------------
 
@@ -2589,5 +3028,8 @@ REVOKE ALL ON TABLE pylease_members FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_group(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_check_data(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_assignment(text[], integer) FROM PUBLIC;
+
+REVOKE ALL ON TABLE pylease_shared FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_release_shared(text, text, bigint) FROM PUBLIC;
 
 COMMIT;

@@ -9,7 +9,8 @@
 -- A new tenure counts a grant (and a takeover after an expiry without release),
 -- and is recorded in pylease_events by triggers as pylease_settings asks.
 -- Result: one row (fence INTEGER) when granted; no row when another holder's
--- unexpired lease stands (a busy claim writes nothing). Claiming again as the
+-- unexpired lease stands, or unexpired readers of its epoch hold it (a busy claim
+-- writes nothing). A grant ends the name's readers (pylease_leases_readers_over). Claiming again as the
 -- holder the row still names (not released) extends it and keeps the fence; as a
 -- renewal, never earlier: the expiry becomes the later of the current one and now
 -- + ttl (the ttl is stored anyway).
@@ -36,6 +37,7 @@ SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.no
                                      THEN 0 ELSE 1 END,
        takeovers   = l.takeovers + CASE WHEN l.holder <> excluded.holder AND NOT l.released
                                         THEN 1 ELSE 0 END
- WHERE l.expires_at <= excluded.renewed_at
-    OR (l.holder = excluded.holder AND NOT l.released)
+ WHERE (l.expires_at <= excluded.renewed_at OR (l.holder = excluded.holder AND NOT l.released))
+   AND NOT EXISTS (SELECT 1 FROM pylease_shared AS s
+                    WHERE s.name = l.name AND s.epoch = l.fence AND s.expires_at > excluded.renewed_at)
 RETURNING fence;

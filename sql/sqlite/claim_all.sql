@@ -7,7 +7,7 @@
 --   :ttl_seconds  REAL, more than 0 and at most 31622400 (366 days)
 --   :holder       TEXT, 1 to 200 characters
 -- Result: one row (name TEXT, fence INTEGER) per name when all were granted; no
--- row when any is busy (a busy claim writes nothing). Names the holder still holds
+-- row when any is busy, by a holder or by readers (a busy claim writes nothing). Names the holder still holds
 -- are extended, with their fences, as by claim.sql; counters and history as there.
 -- A semaphore's name fails with "pylease: name is a semaphore, not a lease", a name
 -- whose fences are exhausted with "pylease: fences exhausted ..." (constraint
@@ -20,6 +20,9 @@ SELECT w.name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.n
  WHERE NOT EXISTS (SELECT 1 FROM pylease_leases AS b
                     WHERE b.name IN (SELECT name FROM wanted) AND b.expires_at > clock.now
                       AND (b.released OR b.holder <> :holder))
+   AND NOT EXISTS (SELECT 1 FROM pylease_shared AS s
+                     JOIN pylease_leases AS b ON b.name = s.name AND b.fence = s.epoch
+                    WHERE s.name IN (SELECT name FROM wanted) AND s.expires_at > clock.now)
     ON CONFLICT (name) DO UPDATE
    SET fence       = CASE WHEN l.holder = excluded.holder AND NOT l.released THEN l.fence
                           WHEN l.fence < 9223372036854775807 THEN l.fence + 1 END,

@@ -9,7 +9,8 @@
 --   :ttl_seconds  REAL, more than 0 and at most 31622400 (366 days)
 --   :holder       TEXT, 1 to 200 characters
 -- Result: one row (fence INTEGER) when granted; no row while anyone's unexpired
--- lease stands (a busy claim writes nothing).
+-- lease stands, or unexpired readers of its epoch hold it (a busy claim writes
+-- nothing).
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
 INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants)
 SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
@@ -26,4 +27,6 @@ SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.no
        grants      = l.grants + 1,
        takeovers   = l.takeovers + CASE WHEN NOT l.released THEN 1 ELSE 0 END
  WHERE l.expires_at <= excluded.renewed_at
+   AND NOT EXISTS (SELECT 1 FROM pylease_shared AS s
+                    WHERE s.name = l.name AND s.epoch = l.fence AND s.expires_at > excluded.renewed_at)
 RETURNING fence;

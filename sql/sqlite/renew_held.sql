@@ -4,20 +4,23 @@
 -- 'lease' renews the lease as renew_each.sql, while its fence is the element's; one
 -- of kind 'permit' renews every slot of the semaphore that its holder holds, all or
 -- nothing, as permit_renew.sql, while the holder holds the element's slot with the
--- element's fence. A null fence or slot: whatever tenure the holder has. Never
+-- element's fence; one of kind 'shared' renews a reader's share, as renew.sql,
+-- while its epoch is still the name's fence and is the element's fence (a reader's
+-- tenure is its epoch). A null fence or slot: whatever tenure the holder has. Never
 -- earlier. A lost element (a late renewal of an earlier tenure of the same holder
 -- included), or one of the other kind, is that element's "not renewed", never an
 -- error.
 --
--- Run its three statements in order inside one BEGIN IMMEDIATE ... COMMIT (the
--- last one answers; under the write lock, what it reads is what the first two
+-- Run its four statements in order inside one BEGIN IMMEDIATE ... COMMIT (the
+-- last one answers; under the write lock, what it reads is what the first three
 -- renewed: a renewal changes no holder and no fence). Parameters (named):
---   :kinds    TEXT, a JSON array of 'lease' or 'permit', as long as :names
+--   :kinds    TEXT, a JSON array of 'lease', 'shared' or 'permit', as long as :names
 --   :names    TEXT, a JSON array of names, e.g. '["sweep", "exports"]'
 --   :holders  TEXT, a JSON array of holders, as long as :names
 --   :ttls     TEXT, a JSON array of ttls in seconds (or null: the last ttl), as
 --             long as :names
---   :fences   TEXT, a JSON array of fences (or null), as long as :names
+--   :fences   TEXT, a JSON array of fences (or null; a reader's: its epoch), as long
+--             as :names
 --   :slots    TEXT, a JSON array of slots (or null; a permit's), as long as :names
 -- Result: one row per element of :names, in order: (name TEXT, renewed INTEGER,
 -- expires_at REAL, server_time REAL, unix seconds; both NULL when not renewed); a
@@ -78,6 +81,30 @@ UPDATE pylease_permits
                             AND w.holder = pylease_permits.holder), ttl))
  WHERE NOT released AND (name, holder) IN (SELECT name, holder FROM whole);
 
+WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
+wanted(name, holder, ttl, fence) AS (
+    SELECT n.value, h.value, t.value, f.value
+      FROM json_each(:names) AS n
+      JOIN json_each(:kinds) AS k ON k.key = n.key
+      JOIN json_each(:holders) AS h ON h.key = n.key
+      JOIN json_each(:ttls) AS t ON t.key = n.key
+      JOIN json_each(:fences) AS f ON f.key = n.key
+     WHERE k.value = 'shared'
+)
+UPDATE pylease_shared
+   SET ttl        = coalesce((SELECT w.ttl FROM wanted AS w
+                               WHERE w.name = pylease_shared.name
+                                 AND w.holder = pylease_shared.holder), ttl),
+       renewed_at = (SELECT now FROM clock),
+       expires_at = max(expires_at, (SELECT now FROM clock) + coalesce(
+                        (SELECT w.ttl FROM wanted AS w
+                          WHERE w.name = pylease_shared.name
+                            AND w.holder = pylease_shared.holder), ttl))
+ WHERE epoch = (SELECT l.fence FROM pylease_leases AS l WHERE l.name = pylease_shared.name)
+   AND EXISTS (SELECT 1 FROM wanted AS w
+                WHERE w.name = pylease_shared.name AND w.holder = pylease_shared.holder
+                  AND (w.fence IS NULL OR w.fence = pylease_shared.epoch));
+
 WITH wanted(i, kind, name, holder, fence, slot) AS (
     SELECT n.key, k.value, n.value, h.value, f.value, s.value
       FROM json_each(:names) AS n
@@ -92,6 +119,13 @@ found(i, expires_at, server_time) AS (
       JOIN pylease_leases AS l ON l.name = w.name AND l.holder = w.holder AND NOT l.released
                               AND (w.fence IS NULL OR l.fence = w.fence)
      WHERE w.kind = 'lease'
+    UNION ALL
+    SELECT w.i, s.expires_at, s.renewed_at
+      FROM wanted AS w
+      JOIN pylease_shared AS s ON s.name = w.name AND s.holder = w.holder
+                              AND (w.fence IS NULL OR s.epoch = w.fence)
+      JOIN pylease_leases AS l ON l.name = s.name AND l.fence = s.epoch
+     WHERE w.kind = 'shared'
     UNION ALL
     SELECT w.i, min(p.expires_at), max(p.renewed_at)
       FROM wanted AS w

@@ -8,11 +8,13 @@
 
 -- One row per name claimed and not pruned. A pruned name's next first grant starts
 -- above pylease_fence_floor, so the fence of a name can only grow. The counters
--- are kept by claim.sql, steal.sql and release.sql.
+-- are kept by claim.sql, steal.sql and release.sql. A name first claimed by a reader
+-- has a row without a holder, released; its fence is the floor (0 for a file that
+-- never pruned): no writer was granted it.
 CREATE TABLE pylease_leases (
     name        TEXT    NOT NULL PRIMARY KEY,
-    holder      TEXT    NOT NULL,
-    fence       INTEGER NOT NULL CHECK (fence > 0),
+    holder      TEXT,
+    fence       INTEGER NOT NULL CHECK (fence >= 0),
     ttl         REAL    NOT NULL,
     acquired_at REAL    NOT NULL,
     renewed_at  REAL    NOT NULL,
@@ -21,7 +23,8 @@ CREATE TABLE pylease_leases (
     grants      INTEGER NOT NULL DEFAULT 0,
     takeovers   INTEGER NOT NULL DEFAULT 0,
     steals      INTEGER NOT NULL DEFAULT 0,
-    releases    INTEGER NOT NULL DEFAULT 0
+    releases    INTEGER NOT NULL DEFAULT 0,
+    CHECK (holder IS NOT NULL OR released)
 ) STRICT;
 
 -- Checks ----------------------------------------------------------------------
@@ -38,7 +41,7 @@ BEGIN
     SELECT RAISE(ABORT, 'pylease: ttl must be finite') WHERE abs(NEW.ttl) = 9e999;
     SELECT RAISE(ABORT, 'pylease: ttl must be positive') WHERE NEW.ttl <= 0;
     SELECT RAISE(ABORT, 'pylease: ttl must be at most 366 days') WHERE NEW.ttl > 31622400;
-    SELECT RAISE(ABORT, 'pylease: holder must not be NULL') WHERE NEW.holder IS NULL;
+    SELECT RAISE(ABORT, 'pylease: holder must not be NULL') WHERE NEW.holder IS NULL AND NOT NEW.released;
     SELECT RAISE(ABORT, 'pylease: holder must not be empty') WHERE NEW.holder = '';
     SELECT RAISE(ABORT, 'pylease: holder must be at most 200 characters') WHERE length(NEW.holder) > 200;
 END;
@@ -49,7 +52,7 @@ BEGIN
     SELECT RAISE(ABORT, 'pylease: ttl must be finite') WHERE abs(NEW.ttl) = 9e999;
     SELECT RAISE(ABORT, 'pylease: ttl must be positive') WHERE NEW.ttl <= 0;
     SELECT RAISE(ABORT, 'pylease: ttl must be at most 366 days') WHERE NEW.ttl > 31622400;
-    SELECT RAISE(ABORT, 'pylease: holder must not be NULL') WHERE NEW.holder IS NULL;
+    SELECT RAISE(ABORT, 'pylease: holder must not be NULL') WHERE NEW.holder IS NULL AND NOT NEW.released;
     SELECT RAISE(ABORT, 'pylease: holder must not be empty') WHERE NEW.holder = '';
     SELECT RAISE(ABORT, 'pylease: holder must be at most 200 characters') WHERE length(NEW.holder) > 200;
     SELECT RAISE(ABORT, 'pylease: a fence never goes back') WHERE NEW.fence < OLD.fence;
@@ -103,9 +106,10 @@ CREATE TABLE pylease_settings (
     CHECK (name <> 'history' OR value IN ('', 'rare', 'all', 'none'))
 ) STRICT;
 
--- A first claim (or a steal of a new name): 'claimed', under 'all' only.
+-- A first claim (or a steal of a new name): 'claimed', under 'all' only. A reader's
+-- first claim of a name records its share instead (pylease_shared_history_claimed).
 CREATE TRIGGER pylease_history_created AFTER INSERT ON pylease_leases
-WHEN (SELECT value FROM pylease_settings WHERE name = 'history') = 'all'
+WHEN NEW.fence > 0 AND (SELECT value FROM pylease_settings WHERE name = 'history') = 'all'
 BEGIN
     INSERT INTO pylease_events (at, name, event, holder, fence)
     VALUES (NEW.acquired_at, NEW.name, 'claimed', NEW.holder, NEW.fence);
@@ -126,8 +130,10 @@ BEGIN
      WHERE s.mode = 'all' OR (s.mode IN ('', 'rare') AND k.kind <> 'claimed');
 END;
 
+-- A release by the holder (which counts one); not a reader taking over from a
+-- holder that died (claim_shared.sql records that).
 CREATE TRIGGER pylease_history_released AFTER UPDATE OF released ON pylease_leases
-WHEN NEW.released AND NOT OLD.released
+WHEN NEW.released AND NOT OLD.released AND NEW.releases > OLD.releases
  AND (SELECT value FROM pylease_settings WHERE name = 'history') = 'all'
 BEGIN
     INSERT INTO pylease_events (at, name, event, holder, fence)
@@ -278,6 +284,71 @@ CREATE TRIGGER pylease_semaphore_names_check INSTEAD OF INSERT ON pylease_semaph
 BEGIN
     SELECT RAISE(ABORT, 'pylease: name is a lease, not a semaphore')
      WHERE EXISTS (SELECT 1 FROM pylease_names WHERE name = NEW.name AND kind = 'lease');
+END;
+
+-- Readers and writers ----------------------------------------------------------
+
+-- One row per reader of a lease name: it holds while its epoch is still the name's
+-- fence and it is unexpired. A release deletes it.
+CREATE TABLE pylease_shared (
+    name        TEXT    NOT NULL,
+    holder      TEXT    NOT NULL,
+    epoch       INTEGER NOT NULL CHECK (epoch >= 0),
+    ttl         REAL    NOT NULL,
+    acquired_at REAL    NOT NULL,
+    renewed_at  REAL    NOT NULL,
+    expires_at  REAL    NOT NULL,
+    PRIMARY KEY (name, holder)
+) STRICT;
+
+CREATE TRIGGER pylease_shared_update_check BEFORE UPDATE ON pylease_shared
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: ttl must be positive') WHERE NEW.ttl <= 0;
+    SELECT RAISE(ABORT, 'pylease: ttl must be at most 366 days') WHERE NEW.ttl > 31622400;
+END;
+
+-- An exclusive grant (the fence moved) ends the name's readers.
+CREATE TRIGGER pylease_leases_readers_over AFTER UPDATE OF fence ON pylease_leases
+WHEN NEW.fence IS NOT OLD.fence
+BEGIN
+    DELETE FROM pylease_shared WHERE name = NEW.name;
+END;
+
+-- A reader's share: 'claimed', under 'all' only (its release: release_shared.sql).
+CREATE TRIGGER pylease_shared_history_claimed AFTER INSERT ON pylease_shared
+WHEN (SELECT value FROM pylease_settings WHERE name = 'history') = 'all'
+BEGIN
+    INSERT INTO pylease_events (at, name, event, holder, fence)
+    VALUES (NEW.acquired_at, NEW.name, 'claimed', NEW.holder, NEW.epoch);
+END;
+
+-- Writers waiting while readers hold a name, until expires_at: while one waits, no
+-- new reader is let in (writer preference).
+CREATE TABLE pylease_waiters (
+    name       TEXT NOT NULL,
+    waiter     TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (name, waiter)
+) STRICT;
+
+-- claim_shared.sql's checks: inserting (name, ttl, holder) fails with the messages
+-- of the PostgreSQL API (and for a semaphore's name), makes the name's row on its
+-- first use (no holder, released, at the floor); stores nothing.
+CREATE VIEW pylease_shared_claims (name, ttl, holder) AS SELECT NULL, NULL, NULL WHERE 0;
+
+CREATE TRIGGER pylease_shared_claims_check INSTEAD OF INSERT ON pylease_shared_claims
+BEGIN
+    -- The lease table's checks (name, then ttl) run even when the row exists.
+    INSERT INTO pylease_leases (name, holder, fence, ttl, acquired_at, renewed_at, expires_at,
+                                released)
+    SELECT NEW.name, NULL, f.floor, NEW.ttl, c.now, c.now, c.now, 1
+      FROM (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3) AS now) AS c,
+           pylease_fence_floor AS f
+     WHERE true
+        ON CONFLICT (name) DO NOTHING;
+    SELECT RAISE(ABORT, 'pylease: holder must not be NULL') WHERE NEW.holder IS NULL;
+    SELECT RAISE(ABORT, 'pylease: holder must not be empty') WHERE NEW.holder = '';
+    SELECT RAISE(ABORT, 'pylease: holder must be at most 200 characters') WHERE length(NEW.holder) > 200;
 END;
 
 -- Groups ----------------------------------------------------------------------

@@ -8,7 +8,8 @@
 --   :holder              TEXT, 1 to 200 characters
 --   :older_than_seconds  REAL, from 0 to 31622400 (0: steal unconditionally)
 -- Result: one row (fence INTEGER, always a new one) when taken; no row when the
--- holder renewed more recently than :older_than_seconds ago. Taken from the holder
+-- holder renewed more recently than :older_than_seconds ago, or while unexpired
+-- readers of its epoch hold it (a steal breaks a writer's lease only). Taken from the holder
 -- the row names (not released), the expiry never moves earlier: the earlier
 -- tenure's owner may still believe what it was granted.
 -- A name whose fences are exhausted (2^63-1) fails with "pylease: fences exhausted ...".
@@ -34,6 +35,8 @@ SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.no
                                         THEN 1 ELSE 0 END,
        steals      = l.steals + CASE WHEN NOT l.released AND l.expires_at > excluded.renewed_at
                                      THEN 1 ELSE 0 END
- WHERE l.renewed_at <= excluded.renewed_at - :older_than_seconds
-    OR l.expires_at <= excluded.renewed_at
+ WHERE (l.renewed_at <= excluded.renewed_at - :older_than_seconds
+        OR l.expires_at <= excluded.renewed_at)
+   AND NOT EXISTS (SELECT 1 FROM pylease_shared AS s
+                    WHERE s.name = l.name AND s.epoch = l.fence AND s.expires_at > excluded.renewed_at)
 RETURNING fence;

@@ -9,26 +9,26 @@ own, from a thread when it must act while a block waits.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
 
-from pylease import InvalidArgument, LeaseBusy, LeaseLost, _waiting, leases, permit
+from pylease import InvalidArgument, LeaseBusy, LeaseLost, leases, permit
 from pylease._acompat import sleep
 from tests.support.leases import (
     DETECT,
+    enter_once,
     function_calls,
+    later,
+    no_poll,
+    together,
     track_functions,
     wait_until,
 )
 from tests.support.safety_kit import Db
-
-T = TypeVar("T")
 
 NAME = "exports"
 HOUR = timedelta(hours=1)
@@ -36,53 +36,6 @@ HOUR = timedelta(hours=1)
 BOUND = 30.0
 # A wait whose deadline (and its last claim) comes only after BOUND has failed a test.
 PATIENT = 4 * BOUND
-
-
-def no_poll(db: Db) -> float | None:
-    """A poll interval no test outlasts: on PostgreSQL only a notification (or a turn
-    passed on) wakes a waiter in time. SQLite has no NOTIFY: its waiters poll."""
-    return 600.0 if db.kind == "postgres" else None
-
-
-@pytest.fixture
-def only_notifications(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No safety net in time for a test: a new head reads the status, and a queued
-    process refreshes its place, only after the test is over (10 minutes)."""
-    monkeypatch.setattr(_waiting, "STATUS_FRESH", 600.0)
-    monkeypatch.setattr(_waiting, "WAITER_TTL", 1800.0)
-
-
-def later(steps: Callable[[], None]) -> threading.Thread:
-    """Run the other party's ``steps`` in a thread of their own, now."""
-    thread = threading.Thread(target=steps, daemon=True)
-    thread.start()
-    return thread
-
-
-def enter_once(cm: Any) -> None:
-    """Enter and leave a block that should raise on entry."""
-    with cm:
-        pass
-
-
-def together(*calls: Callable[[], T]) -> list[T]:
-    results: list[Any] = [None] * len(calls)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = calls[i]()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(2 * BOUND)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_permits_are_granted_up_to_the_limit_and_never_one_more(db: Db) -> None:

@@ -8,28 +8,27 @@ own, from a thread when it must act while a block waits.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
 
-from pylease import InvalidArgument, LeaseBusy, LeaseLost, _waiting_async, aleases, apermit
+from pylease import InvalidArgument, LeaseBusy, LeaseLost, aleases, apermit
 from pylease._acompat import asleep
 from tests.support.leases import (
     DETECT,
+    aenter_once,
     asleep_until,
+    atogether,
     function_calls,
+    later,
+    no_poll,
     track_functions,
     wait_until,
 )
 from tests.support.safety_kit import Db
-
-T = TypeVar("T")
 
 NAME = "exports"
 HOUR = timedelta(hours=1)
@@ -39,61 +38,6 @@ BOUND = 30.0
 PATIENT = 4 * BOUND
 
 
-def no_poll(db: Db) -> float | None:
-    """A poll interval no test outlasts: on PostgreSQL only a notification (or a turn
-    passed on) wakes a waiter in time. SQLite has no NOTIFY: its waiters poll."""
-    return 600.0 if db.kind == "postgres" else None
-
-
-@pytest.fixture
-def only_notifications(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No safety net in time for a test: a new head reads the status, and a queued
-    process refreshes its place, only after the test is over (10 minutes)."""
-    monkeypatch.setattr(_waiting_async, "STATUS_FRESH", 600.0)
-    monkeypatch.setattr(_waiting_async, "WAITER_TTL", 1800.0)
-
-
-def later(steps: Callable[[], None]) -> threading.Thread:
-    """Run the other party's ``steps`` in a thread of their own, now."""
-    thread = threading.Thread(target=steps, daemon=True)
-    thread.start()
-    return thread
-
-
-async def enter_once(cm: Any) -> None:
-    """Enter and leave a block that should raise on entry."""
-    async with cm:
-        pass
-
-
-if True:  # ASYNC
-
-    async def together(*calls: Callable[[], Awaitable[T]]) -> list[T]:
-        """Run the calls at once (tasks here, threads on the sync side)."""
-        return list(await asyncio.gather(*(call() for call in calls)))
-
-else:
-
-    def together(*calls: Callable[[], Awaitable[T]]) -> list[T]:
-        results: list[Any] = [None] * len(calls)
-        errors: list[BaseException] = []
-
-        def run(i: int) -> None:
-            try:
-                results[i] = calls[i]()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(2 * BOUND)
-        if errors:
-            raise errors[0]
-        return results
-
-
 async def test_permits_are_granted_up_to_the_limit_and_never_one_more(db: Db) -> None:
     other = db.backend()
     async with apermit(db.url, NAME, ttl=30, max_permits=2) as one:
@@ -101,7 +45,7 @@ async def test_permits_are_granted_up_to_the_limit_and_never_one_more(db: Db) ->
             assert {*one.slots, *two.slots} == {0, 1}
             assert one.fence == next(iter(one.slots.values()))
             with pytest.raises(LeaseBusy) as busy:
-                await enter_once(apermit(db.url, NAME, ttl=30, max_permits=2))
+                await aenter_once(apermit(db.url, NAME, ttl=30, max_permits=2))
             assert busy.value.name == NAME
             assert busy.value.holder in (one.holder, two.holder)
             held = sorted(r.holder for r in other.permit_status(NAME) if r.held)
@@ -118,7 +62,7 @@ async def test_several_permits_are_granted_together_or_not_at_all(db: Db) -> Non
     other = db.backend()
     assert len(other.permit_claim(NAME, 3, HOUR, "x")) == 1
     with pytest.raises(LeaseBusy):
-        await enter_once(apermit(db.url, NAME, ttl=30, max_permits=3, permits=3))
+        await aenter_once(apermit(db.url, NAME, ttl=30, max_permits=3, permits=3))
     assert [r.holder for r in other.permit_status(NAME) if r.held] == ["x"]
     async with apermit(db.url, NAME, ttl=30, max_permits=3, permits=2) as held:
         assert len(held.slots) == 2
@@ -162,7 +106,7 @@ async def test_one_release_of_two_slots_wakes_two_waiters(db: Db) -> None:
         other.permit_release(NAME, "x")
 
     later(release)
-    first, second = await together(wait_for_one, wait_for_one)
+    first, second = await atogether(wait_for_one, wait_for_one)
     assert {*first, *second} == {0, 1}
 
 
@@ -220,7 +164,7 @@ async def test_several_names_are_granted_all_or_none(db: Db) -> None:
     other = db.backend()
     assert other.claim("b", HOUR, "x") is not None
     with pytest.raises(LeaseBusy) as busy:
-        await enter_once(aleases(db.url, ["c", "a", "b"], ttl=30))
+        await aenter_once(aleases(db.url, ["c", "a", "b"], ttl=30))
     assert busy.value.name == "b" and busy.value.holder == "x"
     assert other.status("a") == [] and other.status("c") == []
     assert other.release("b", "x")
@@ -274,7 +218,7 @@ async def test_a_waiter_for_several_names_holds_none_while_it_waits(db: Db) -> N
 async def test_the_same_explicit_holder_twice_is_refused_before_any_sql(db: Db) -> None:
     async with aleases(db.url, ["a", "b"], ttl=30, holder="me"):
         with pytest.raises(InvalidArgument):
-            await enter_once(aleases(db.url, ["c", "b"], ttl=30, holder="me"))
+            await aenter_once(aleases(db.url, ["c", "b"], ttl=30, holder="me"))
         # The refused claim recorded nothing: "c" is free for this holder.
         async with aleases(db.url, ["c"], ttl=30, holder="me"):
             pass

@@ -153,6 +153,7 @@ def test_claim_json(url: str) -> None:
         "fence": None,
         "expires_at": None,
         "held_by": "a",
+        "shared": False,
     }
 
 
@@ -199,7 +200,7 @@ def test_status_json(url: str) -> None:
     assert [r["name"] for r in rows] == ["a-lease", "b-lease"]
     keys = [
         *("name", "holder", "fence", "held", "acquired_at", "renewed_at", "expires_at"),
-        *("state", "ttl", "kind"),  # added later at the end: a semaphore's kind differs
+        *("state", "ttl", "shared", "kind"),  # added later at the end
     ]
     assert all(list(r) == keys for r in rows)
     assert {r["kind"] for r in rows} == {"lease"}

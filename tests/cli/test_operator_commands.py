@@ -234,7 +234,7 @@ def page_row(name: str, held: bool, fence: int, counted: tuple[int, int, int, in
         since, until = (now - timedelta(hours=1), now - timedelta(seconds=5))
     state = "held" if held else "expired"
     return PageRow(
-        *(name, "h", fence, since, now, until, held, state, timedelta(minutes=1)), *counted, 2
+        *(name, "h", fence, since, now, until, held, state, timedelta(minutes=1), 0), *counted, 2
     )
 
 

@@ -179,6 +179,24 @@ def test_the_child_sees_the_lease(url: str, child: list[str], out: Path) -> None
     }
 
 
+def test_a_reader_sees_its_epoch_never_a_fence(url: str, child: list[str], out: Path) -> None:
+    # A writer came and went: a reader's epoch is that writer's fence.
+    pylease("claim", "shared-job", "--ttl", "1m", "--holder", "w", "--dsn", url)
+    pylease("release", "shared-job", "--holder", "w", "--dsn", url)
+    result = pylease(
+        "run", "shared-job", "--ttl", "1s", "--shared", "--holder", "r", "--dsn", url, "--",
+        *child, "env", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(out.read_text())
+    assert seen == {
+        "PYLEASE_NAME": "shared-job",
+        "PYLEASE_HOLDER": "r",
+        "PYLEASE_EPOCH": "1",
+        "PYLEASE_DSN": url,
+    }
+
+
 def test_the_child_sees_the_embedded_default(tmp_path: Path, child: list[str], out: Path) -> None:
     env = {"XDG_STATE_HOME": str(tmp_path / "state")}
     result = pylease("run", "local", "--ttl", "1s", "--", *child, "env", str(out), env=env)

@@ -6,6 +6,7 @@ port, with its ini and userlist in a temporary directory. Through it run:
 - the SQL contract suite (tests/sql/test_contract.py), with this module's
   ``dsn``, ``conn`` and ``conn2`` fixtures pointing through PgBouncer;
 - the Python API tests (tests/api/test_lease.py, tests/api/test_lease_async.py), likewise;
+- the SQL tests of permits and several names (tests/sql/test_permits_and_several_names.py);
 
 except the few that need one server session for several statements by design
 (LISTEN, terminating a client's own backend, per-session statistics), listed
@@ -26,9 +27,11 @@ from typing import Any
 import psycopg
 import pytest
 
+import pylease  # its permit and leases: test_contract has fixtures of those names
 from pylease import LeaseBusy, lease, run_exclusive
 from tests.api import test_lease, test_lease_async
 from tests.sql import test_contract as test_sql_contract
+from tests.sql import test_permits_and_several_names as test_sql_permits
 from tests.support.faultkit import Bouncer, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -51,6 +54,14 @@ SESSION_BOUND = {
     # Counts function calls per backend with track_functions, set per database
     # session; the pooler's server connections were opened before it was set.
     "test_a_thousand_leases_are_renewed_by_one_statement_per_tick": "per-session statistics",
+    # They watch a client's backend wait for a row lock (pg_stat_activity): behind the
+    # pooler a client has no backend of its own between statements.
+    "test_a_renewal_of_an_expired_slot_waits_for_the_claim_taking_it_then_fails": "a backend",
+    "test_claim_all_of_new_names_waits_for_the_other_claim_then_is_busy": "a backend",
+    "test_claim_all_of_free_names_waits_for_the_other_claim_then_is_busy": "a backend",
+    "test_a_claimer_waiting_on_a_rolled_back_claim_all_gets_every_name": "a backend",
+    # ALTER DATABASE ... SET reaches sessions opened after it; the pooler's were not.
+    "test_per_slot_fences_only_grow_under_contention": "a database setting per session",
 }
 
 
@@ -173,6 +184,7 @@ def _adopt(module: Any, prefix: str) -> None:
 _adopt(test_sql_contract, "contract")
 _adopt(test_lease, "api")
 _adopt(test_lease_async, "async_api")
+_adopt(test_sql_permits, "permits")
 
 
 def test_the_adopted_suites_really_run_through_pgbouncer(
@@ -210,6 +222,42 @@ def test_a_waiter_behind_pgbouncer_acquires_by_polling(dsn: str, conn: Conn) -> 
         assert not got
     waiter.join(30)
     assert got.get("fence", 0) > first.fence
+
+
+def test_permits_and_several_names_behind_pgbouncer(dsn: str) -> None:
+    """A semaphore of 2 and a claim of two names, each statement on whichever server
+    connection the pooler picks: the third permit waits (polling) until one is given
+    back, and a claim of both names is busy while one of them is held."""
+    with (
+        pylease.permit(dsn, "export", ttl=300, max_permits=2) as a,
+        pylease.permit(dsn, "export", ttl=300, max_permits=2) as b,
+    ):
+        assert set(a.slots) | set(b.slots) == {0, 1}
+        with pytest.raises(LeaseBusy), pylease.permit(dsn, "export", ttl=30, max_permits=2):
+            pass
+        got: dict[str, Any] = {}
+
+        def wait() -> None:
+            with pylease.permit(
+                dsn, "export", ttl=30, max_permits=2, wait=60, poll_interval=0.5
+            ) as c:
+                got["slots"] = c.slots
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(1.0)
+        assert not got
+    waiter.join(30)
+    assert not waiter.is_alive()
+    assert got["slots"].keys() <= {0, 1}
+    with (
+        lease(dsn, "from", ttl=300),
+        pytest.raises(LeaseBusy),
+        pylease.leases(dsn, ["from", "to"], ttl=30),
+    ):
+        pass
+    with pylease.leases(dsn, ["from", "to"], ttl=30) as both:
+        assert set(both.fences) == {"from", "to"}
 
 
 # The evidence: advisory locks behind a transaction-mode pooler -------------------

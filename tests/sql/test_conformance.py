@@ -1612,6 +1612,194 @@ SCENARIOS += [
 ]
 
 
+# Readers and writers (contract 5.2) ----------------------------------------------
+# A reader's claim answers the epoch: the fence of the name's latest exclusive grant.
+SCENARIOS += [
+    (
+        "shared: readers share a name with epoch 0; status shows it shared, no holder",
+        [
+            ("claim_shared", ("a", LONG, "r1"), 0),
+            ("claim_shared", ("a", LONG, "r2"), 0),
+            ("status", ("a",), [("a", None, 0, True)]),
+            ("field", ("a", "state"), "shared"),
+            ("field", ("a", "shared"), 2),
+            ("holders", ("a",), [("a", "r1", "shared", None, 0), ("a", "r2", "shared", None, 0)]),
+            ("counters", ("a",), [("a", 0, 0, 0, 0)]),
+        ],
+    ),
+    (
+        "shared: a writer is busy while a reader holds, and granted once it left",
+        [
+            ("claim_shared", ("a", LONG, "r1"), 0),
+            ("claim", ("a", LONG, "w"), None),
+            ("claim_new", ("a", LONG, "w"), None),
+            ("steal", ("a", LONG, "w"), None),
+            ("claim_all", (["a", "b"], LONG, "w"), {}),
+            ("release", ("a", "r1"), True),
+            ("release", ("a", "r1"), False),
+            ("field", ("a", "state"), "released"),
+            ("claim", ("a", LONG, "w"), 1),
+            ("claim_shared", ("a", LONG, "r2"), None),
+            ("release", ("a", "w"), True),
+            ("claim_shared", ("a", LONG, "r2"), 1),
+            ("status", ("a",), [("a", None, 1, True)]),
+        ],
+    ),
+    (
+        "shared: a reader is busy while the writer holds, or rests after a min_hold",
+        [
+            ("claim", ("a", LONG, "w"), 1),
+            ("claim_shared", ("a", LONG, "r"), None),
+            ("claim_shared", ("a", LONG, "w"), None),
+            ("release", ("a", "w", LONG), True),
+            ("field", ("a", "state"), "resting"),
+            ("claim_shared", ("a", LONG, "r"), None),
+            ("holders", (None,), []),
+        ],
+    ),
+    (
+        "shared: a reader's claim again keeps its epoch and never moves its expiry earlier",
+        [
+            ("claim_shared", ("a", DAY, "r"), 0),
+            ("field", ("a", "expires_at"), Keep("e")),
+            ("field", ("a", "acquired_at"), Keep("t")),
+            ("claim_shared", ("a", SHORT, "r"), 0),
+            ("field", ("a", "expires_at"), Same("e")),
+            ("field", ("a", "acquired_at"), Same("t")),
+        ],
+    ),
+    (
+        "shared: a reader renews and holds with its epoch until a writer is granted",
+        [
+            ("claim_shared", ("a", SHORT, "r"), 0),
+            ("renew", ("a", "r"), True),
+            ("holds", ("a", "r", 0), True),
+            ("holds", ("a", "r", 1), False),
+            ("holds", ("a", "x", 0), False),
+            sleep_past_short(),
+            ("holds", ("a", "r", 0), False),
+            ("status", ("a",), [("a", None, 0, False)]),
+            ("claim", ("a", LONG, "w"), 1),
+            ("renew", ("a", "r"), False),
+            ("holds", ("a", "r", 0), False),
+            ("release", ("a", "r"), False),
+        ],
+    ),
+    (
+        "shared: a writer that died is taken over by a reader; its late renewal fails",
+        [
+            ("claim", ("a", SHORT, "w"), 1),
+            sleep_past_short(),
+            ("claim_shared", ("a", LONG, "r"), 1),
+            ("renew", ("a", "w"), False),
+            ("claim", ("a", LONG, "w"), None),
+            ("release", ("a", "w"), False),
+            ("counters", ("a",), [("a", 1, 1, 0, 0)]),
+            ("history", ("a",), [("taken_over", "r", 1, "w")]),
+            ("release", ("a", "r"), True),
+            ("claim", ("a", LONG, "w"), 2),
+            ("counters", ("a",), [("a", 2, 1, 0, 0)]),
+        ],
+    ),
+    (
+        "shared: renew_many and the keeper's renewal take readers",
+        [
+            ("claim_shared", ("a", LONG, "r"), 0),
+            ("claim", ("b", LONG, "r"), 1),
+            (
+                "renew_many",
+                (["a", "a", "b"], ["r", "x", "r"]),
+                [("a", True), ("a", False), ("b", True)],
+            ),
+            (
+                "renew_held",
+                (
+                    ["shared", "lease", "shared", "shared"],
+                    ["a", "a", "b", "a"],
+                    ["r", "r", "r", "x"],
+                    [None, None, None, DAY],
+                ),
+                Keep("rows"),
+            ),
+        ],
+    ),
+    (
+        "shared: release of a tenure names the reader's epoch",
+        [
+            ("claim_shared", ("a", LONG, "r"), 0),
+            ("release", ("a", "r", None, 3), False),
+            ("field", ("a", "shared"), 1),
+            ("release", ("a", "r", None, 0), True),
+            ("field", ("a", "shared"), 0),
+        ],
+    ),
+    (
+        "shared: history records a reader's claim and release under all only",
+        [
+            ("claim_shared", ("a", LONG, "r"), 0),
+            ("release", ("a", "r"), True),
+            ("history", ("a",), []),
+            ("setting", ("all",), None),
+            ("claim_shared", ("a", LONG, "r"), 0),
+            ("claim_shared", ("a", LONG, "r"), 0),
+            ("release", ("a", "r"), True),
+            ("history", ("a",), [("released", "r", 0, None), ("claimed", "r", 0, None)]),
+        ],
+    ),
+    (
+        "shared: a name has one kind; readers' names are leases",
+        [
+            ("permit_claim", ("s", 2, LONG, "h"), Granted(1, 1)),
+            ("claim_shared", ("s", LONG, "r"), Raises("pylease: name is a semaphore, not a lease")),
+            ("claim_shared", ("a", LONG, "r"), 0),
+            (
+                "permit_claim",
+                ("a", 2, LONG, "h"),
+                Raises("pylease: name is a lease, not a semaphore"),
+            ),
+            (
+                "holders",
+                (None,),
+                [("a", "r", "shared", None, 0), ("s", "h", "permit", Anything(), 1)],
+            ),
+        ],
+    ),
+    (
+        "shared: prune keeps a name read within the span; readers of a pruned name come "
+        "back at its floor, and its next writer above",
+        [
+            ("claim", ("w", SHORT, "h1"), 1),
+            ("force", ("w", 41), None),
+            sleep_past_short(),
+            ("claim_shared", ("w", LONG, "r"), 41),  # the writer died: its fence, the epoch
+            ("prune", (timedelta(0),), 0),
+            ("release", ("w", "r"), True),
+            ("prune", (timedelta(0),), 1),
+            ("status", ("w",), []),
+            ("claim_shared", ("w", LONG, "r"), 41),
+            ("status", ("w",), [("w", None, 41, True)]),
+            ("release", ("w", "r"), True),
+            ("claim", ("w", LONG, "h2"), 42),
+        ],
+    ),
+    (
+        "shared: bad input raises naming the parameter, and stores nothing",
+        [
+            ("claim_shared", ("", LONG, "r"), Raises("pylease: name must not be empty")),
+            ("claim_shared", ("a", timedelta(0), "r"), Raises("pylease: ttl must be positive")),
+            ("claim_shared", ("a", LONG, ""), Raises("pylease: holder must not be empty")),
+            (
+                "claim_shared",
+                ("a", LONG, TOO_LONG),
+                Raises("pylease: holder must be at most 200 characters"),
+            ),
+            ("holders", ("",), Raises("pylease: name must not be empty")),
+            NOTHING_STORED,
+        ],
+    ),
+]
+
+
 @pytest.fixture(params=["postgres", "sqlite"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """The same Backend interface on each backend, over a fresh database."""
@@ -1696,6 +1884,8 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         return [(c.name, c.grants, c.takeovers, c.steals, c.releases) for c in result]
     if operation == "status":
         return [(r.name, r.holder, r.fence, r.held) for r in result]
+    if operation == "holders":
+        return [(r.name, r.holder, r.mode, r.slot, r.fence) for r in result]
     if operation == "group_members":
         return [(r.member, r.incarnation, r.data) for r in result]
     if operation == "group_status":
@@ -1746,7 +1936,8 @@ def _check(result: Any, expected: Any, seen: dict[str, Any]) -> None:
 
 def _invariants(backend: Backend) -> None:
     for row in backend.status():
-        assert row.fence >= 1
+        # A name only readers ever claimed has fence 0 and no holder.
+        assert row.fence >= 1 or (row.fence == 0 and row.holder is None), row
         assert row.acquired_at <= row.renewed_at <= row.expires_at, row
 
 
@@ -1891,3 +2082,25 @@ def test_the_keepers_renewal_renews_only_the_tenure_it_names(backend: Backend) -
         backend.renew_held(["lease"], ["a"], ["h1"], [None], [1, 2])
     with pytest.raises(InvalidArgument, match="slots"):
         backend.renew_held(["lease"], ["a"], ["h1"], [None], [1], ["x"])
+
+
+def test_the_keepers_renewal_of_a_reader_names_its_epoch(backend: Backend) -> None:
+    """renew_held of kind 'shared' with fences: a reader's tenure is its epoch, so a late
+    renewal from before a writer came and went renews nothing once the same reader reads
+    again, on either backend; the current epoch (or None) renews the share."""
+    first = backend.claim_shared("a", LONG, "r")
+    assert first is not None
+    assert backend.release("a", "r") is True
+    writer = backend.claim("a", LONG, "w")
+    assert writer is not None and writer > first
+    assert backend.release("a", "w") is True
+    assert backend.claim_shared("a", LONG, "r") == writer
+    (row,) = backend.status("a")
+    late = backend.renew_held(["shared"], ["a"], ["r"], [DAY], [first], [None])
+    assert [r.renewed for r in late] == [False]
+    assert backend.status("a")[0].expires_at == row.expires_at
+    now = backend.renew_held(
+        ["shared", "shared"], ["a", "a"], ["r", "r"], [DAY, None], [writer, None], [None, None]
+    )
+    assert [r.renewed for r in now] == [True, True]
+    assert backend.status("a")[0].expires_at > row.expires_at

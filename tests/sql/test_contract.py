@@ -117,7 +117,7 @@ SIGNATURES = {
         "name text DEFAULT NULL::text",
         "TABLE(name text, holder text, fence bigint, acquired_at timestamp with time zone,"
         " renewed_at timestamp with time zone, expires_at timestamp with time zone,"
-        " held boolean, state text, ttl interval)",
+        " held boolean, state text, ttl interval, shared integer)",
     ),
     "lease_counters": (
         "name text DEFAULT NULL::text",
@@ -146,6 +146,14 @@ SIGNATURES = {
     ),
     # Names that are gone (contract 5.6).
     "lease_prune": ("idle_for interval", "bigint"),
+    # 0013: readers and writers (contract 5.2).
+    "lease_claim_shared": ("name text, ttl interval, holder text", "bigint"),
+    "lease_holders": (
+        "name text DEFAULT NULL::text",
+        "TABLE(name text, holder text, mode text, slot integer, fence bigint,"
+        " acquired_at timestamp with time zone, renewed_at timestamp with time zone,"
+        " expires_at timestamp with time zone)",
+    ),
 }
 PERMIT_SIGNATURES = {
     "permit_claim": (
@@ -632,11 +640,12 @@ def test_status_lists_every_name_ever_claimed(conn: Conn) -> None:
 def test_status_of_one_name(conn: Conn) -> None:
     claim(conn, "a", HOUR, "alice")
     claim(conn, "b", HOUR, "bob")
-    [(name, holder, fence, acquired, renewed, expires, held, state, ttl)] = conn.execute(
+    [(name, holder, fence, acquired, renewed, expires, held, state, ttl, shared)] = conn.execute(
         "SELECT * FROM lease_status(name => %s)", ("b",)
     ).fetchall()
     r = row(conn, "b")
     assert (name, holder, fence, held, state, ttl) == ("b", "bob", 1, True, "held", HOUR)
+    assert shared == 0
     assert (acquired, renewed, expires) == (r["acquired_at"], r["renewed_at"], r["expires_at"])
     assert status(conn, "unknown") == []
 
@@ -655,6 +664,7 @@ def test_status_columns(conn: Conn) -> None:
         "held",
         "state",
         "ttl",
+        "shared",
     ]
 
 

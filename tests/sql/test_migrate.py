@@ -36,6 +36,7 @@ IDS = [
     "pylease-0010-prune",
     "pylease-0011-groups",
     "pylease-0012-tenure-renewals",
+    "pylease-0013-shared",
     "pylease-0015-groups-kept",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
@@ -177,6 +178,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "pylease_members",
         "pylease_names",
         "pylease_permits",
+        "pylease_shared",
         "pylease_waiters",
     ]
     # Independent of the copy in public that the test database already has.

@@ -337,7 +337,7 @@ def test_per_slot_fences_only_grow_under_contention(dsn: str, conn: Conn) -> Non
     def worker(number: int) -> None:
         rng = random.Random(number)
         try:
-            with psycopg.connect(dsn, autocommit=True) as c:
+            with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as c:
                 done = 0
                 deadline = time.monotonic() + BOUND
                 while done < 25 and time.monotonic() < deadline:
@@ -466,7 +466,7 @@ def test_claim_all_of_overlapping_names_in_opposite_orders_never_deadlocks(
         names = sets[number]
         rng = random.Random(number)
         try:
-            with psycopg.connect(dsn, autocommit=True) as c:
+            with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as c:
                 attempt = 0
                 while not stop.is_set():
                     attempt += 1
@@ -484,7 +484,7 @@ def test_claim_all_of_overlapping_names_in_opposite_orders_never_deadlocks(
             errors.append(exc)
 
     def observer() -> None:
-        with psycopg.connect(dsn, autocommit=True) as c:
+        with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as c:
             while not stop.is_set():
                 # Every tenure of a claim_all has one holder for all its names.
                 rows = c.execute(

@@ -35,6 +35,7 @@ MIGRATIONS = [
     "pylease-0010-prune",
     "pylease-0011-groups",
     "pylease-0012-tenure-renewals",
+    "pylease-0013-shared",
     "pylease-0015-groups-kept",
 ]
 FUNCTIONS = (
@@ -71,6 +72,8 @@ FUNCTIONS = (
     "member_holds",
     "group_assignment",
     "group_status",
+    "lease_claim_shared",
+    "lease_holders",
     # Internal (not in the contract), called by the keeper as the application's role,
     # or by the SQL functions below (inlined into the caller's statement, so run as the
     # caller): SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
@@ -113,9 +116,16 @@ HELPERS = (
     "pylease_check_group",
     "pylease_check_data",
     "pylease_assignment",
+    "pylease_release_shared",
 )
 # The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
-WAITING_CLAIMS = ("pylease_claim", "pylease_claim_all", "pylease_permit_claim", "group_join")
+WAITING_CLAIMS = (
+    "pylease_claim",
+    "pylease_claim_all",
+    "lease_claim_shared",
+    "pylease_permit_claim",
+    "group_join",
+)
 # Every object pylease owns is named like this; yoyo's bookkeeping is not ours.
 OURS = "(lease\\_%|pylease\\_%)"
 NOT_YOYO = "NOT (c.relname LIKE '\\_yoyo%' OR c.relname LIKE '\\_pylease\\_yoyo%')"
@@ -228,6 +238,8 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_permits_fence",
         "pylease_permits_holder",
         "pylease_permits_pkey",
+        "pylease_shared",
+        "pylease_shared_pkey",
         "pylease_waiters",
         "pylease_waiters_expires_at",
         "pylease_waiters_id_seq",
@@ -235,7 +247,7 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_waiters_name_waiter_key",
         "pylease_waiters_pkey",
     ]
-    assert len(expected["constraints"]) == 25
+    assert len(expected["constraints"]) == 29
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
@@ -283,6 +295,7 @@ def test_every_function_is_security_definer_with_a_pinned_search_path(conn: Conn
         "pylease_fence_floors",
         "pylease_groups",
         "pylease_members",
+        "pylease_shared",
     ],
 )
 def test_public_has_no_privilege_on_the_tables(conn: Conn, table: str) -> None:

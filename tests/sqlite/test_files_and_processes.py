@@ -37,6 +37,7 @@ from pylease.errors import (
     SchemaMissing,
 )
 from pylease.sqlite import (
+    COMPANIONS,
     OPERATIONS,
     AsyncSqliteBackend,
     SqliteBackend,
@@ -74,6 +75,7 @@ SQLITE_MIGRATIONS = [
     "pylease-0004-permits",
     "pylease-0005-prune",
     "pylease-0006-groups",
+    "pylease-0007-shared",
 ]
 
 
@@ -468,10 +470,10 @@ def test_a_network_filesystem_is_refused(tmp_path: Path) -> None:
 
 def test_each_operation_is_one_sql_file_that_the_backend_runs() -> None:
     files = {p.stem for p in SQL_DIR.glob("*.sql")} - {"schema"}
-    assert files == set(OPERATIONS)
+    assert files == {*OPERATIONS, *COMPANIONS}
     import pylease.sqlite as module
 
-    for operation in OPERATIONS:
+    for operation in (*OPERATIONS, *COMPANIONS):
         text = (SQL_DIR / f"{operation}.sql").read_text(encoding="utf-8")
         statements = module._sql(operation)
         assert statements and all(statement in text for statement in statements)
@@ -487,11 +489,20 @@ def test_sql_files_work_from_plain_sqlite3(db: Path) -> None:
     conn = sqlite3.connect(db, isolation_level=None)
 
     def run(operation: str, **params: Any) -> list[Any]:
+        # As another language would: the file's statements in order, the last answers.
         text = (SQL_DIR / f"{operation}.sql").read_text(encoding="utf-8")
-        if operation in ("holds", "status"):
+        statements, buffer = [], ""
+        for line in text.splitlines(keepends=True):
+            buffer += line
+            if sqlite3.complete_statement(buffer):
+                statements.append(buffer)
+                buffer = ""
+        if operation in ("holds", "status", "holders"):
             return conn.execute(text, params).fetchall()
         conn.execute("BEGIN IMMEDIATE")
-        rows = conn.execute(text, params).fetchall()
+        for statement in statements[:-1]:
+            conn.execute(statement, params)
+        rows = conn.execute(statements[-1], params).fetchall()
         conn.execute("COMMIT")
         return rows
 
@@ -525,6 +536,20 @@ def test_sql_files_work_from_plain_sqlite3(db: Path) -> None:
     # name's next first grant starts above it, from any language.
     conn.execute("DELETE FROM pylease_leases")
     assert run("claim", name="job", ttl_seconds=30, holder="e") == [(3,)]
+    # A reader (its epoch: the floor, above which no writer was granted it), and a
+    # writer kept out by it that waits in SQLite's queue of its own.
+    assert run("claim_shared", name="read", ttl_seconds=30, holder="r") == [(2,)]
+    with pytest.raises(sqlite3.IntegrityError, match="pylease: holder must not be empty"):
+        run("claim_shared", name="read", ttl_seconds=30, holder="")
+    conn.execute("ROLLBACK")
+    queued = {"name": "read", "waiter": "w", "ttl_seconds": 30, "holder": "w"}
+    assert run("claim_queued", **queued) == []
+    assert run("claim_shared", name="read", ttl_seconds=30, holder="r2") == []
+    assert [row[:5] for row in run("holders", name="read")] == [("read", "r", "shared", None, 2)]
+    assert run("release", name="read", holder="r", min_hold_seconds=None) == []
+    assert run("release_shared", name="read", holder="r", fence=None) == [(1,)]
+    assert run("claim_queued", **queued) == [(3,)]
+    assert run("status", name="read")[0][:3] == ("read", "w", 3)
 
 
 def test_schema_sql_matches_the_migrations(tmp_path: Path) -> None:

@@ -233,3 +233,47 @@ async def afinished_within(task: asyncio.Future[Any], timeout: float) -> bool:
     """Whether the task ended within ``timeout`` seconds (it runs on if not)."""
     done, _ = await asyncio.wait([task], timeout=timeout)
     return bool(done)
+
+
+# What the tests of permits, several names and readers share (tests/api/test_permits_async.py,
+# tests/api/test_readers_async.py): the other party's steps in a thread, a block entered
+# once, calls at once (tasks or threads: tools/async_to_sync.py renames aenter_once and
+# atogether), and the poll that only a notification beats.
+
+
+def no_poll(db: Any) -> float | None:
+    """A poll interval no test outlasts: on PostgreSQL only a notification (or a turn
+    passed on) wakes a waiter in time. SQLite has no NOTIFY: its waiters poll."""
+    return 600.0 if db.kind == "postgres" else None
+
+
+def later(steps: Callable[[], None]) -> threading.Thread:
+    """Run the other party's ``steps`` in a thread of their own, now."""
+    thread = threading.Thread(target=steps, daemon=True)
+    thread.start()
+    return thread
+
+
+def enter_once(cm: Any) -> None:
+    """Enter and leave a block that should raise on entry."""
+    with cm:
+        pass
+
+
+async def aenter_once(cm: Any) -> None:
+    async with cm:
+        pass
+
+
+def together(*calls: Callable[[], Any], timeout: float = BOUND) -> list[Any]:
+    """Run the calls at once, each in a thread; their results, or the first error."""
+    results: list[Any] = [None] * len(calls)
+    workers = [
+        start_worker(lambda i=i: results.__setitem__(i, calls[i]())) for i in range(len(calls))
+    ]
+    join_workers(workers, timeout)
+    return results
+
+
+async def atogether(*calls: Callable[[], Awaitable[Any]], timeout: float = BOUND) -> list[Any]:
+    return list(await asyncio.wait_for(asyncio.gather(*(call() for call in calls)), timeout))

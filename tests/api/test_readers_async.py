@@ -1,0 +1,179 @@
+# The source of tests/api/test_readers.py: tools/async_to_sync.py writes it from this file.
+"""alease(..., shared=True) (contract 5.2) on PostgreSQL and SQLite: readers together,
+a writer alone, the epoch, and who is woken when.
+
+test_readers.py, for lease(..., shared=True), is generated from this file. The other
+party acts through a backend on a connection of its own, from a thread when it must
+act while a block waits. The processes' witness is test_readers_writers_witness.py.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from pylease import InvalidArgument, LeaseBusy, LeaseLost, alease
+from pylease import _hub_async as hub
+from pylease._acompat import asleep
+from tests.support.leases import (
+    DETECT,
+    aenter_once,
+    asleep_until,
+    atogether,
+    later,
+    no_poll,
+)
+from tests.support.safety_kit import Db
+
+NAME = "catalog"
+HOUR = timedelta(hours=1)
+# Liveness bounds of a loaded machine, never speeds.
+BOUND = 30.0
+PATIENT = 4 * BOUND
+
+
+def in_line(db: Db, name: str) -> bool:
+    """Whether a writer waits in line for ``name`` (the queue of waiting processes, or
+    SQLite's own line)."""
+    conn = db.backend().conn
+    query = "SELECT count(*) FROM pylease_waiters WHERE name = " + (
+        "?" if db.kind == "sqlite" else "%s"
+    )
+    return bool(conn.execute(query, (name,)).fetchone()[0])
+
+
+async def test_readers_hold_together_with_the_epoch_and_a_writer_alone(db: Db) -> None:
+    other = db.backend()
+    async with (
+        alease(db.url, NAME, ttl=30, shared=True) as one,
+        alease(db.url, NAME, ttl=30, shared=True) as two,
+    ):
+        assert (one.fence, two.fence) == (0, 0)
+        with pytest.raises(LeaseBusy):
+            await aenter_once(alease(db.url, NAME, ttl=30))
+        [row] = other.status(NAME)
+        assert (row.state, row.holder, row.fence, row.shared) == ("shared", None, 0, 2)
+        assert other.holds(NAME, one.holder, one.fence)
+        assert not other.holds(NAME, one.holder, 1)
+    async with alease(db.url, NAME, ttl=30) as writer:
+        assert writer.fence == 1
+        with pytest.raises(LeaseBusy):
+            await aenter_once(alease(db.url, NAME, ttl=30, shared=True))
+    async with alease(db.url, NAME, ttl=30, shared=True) as reader:
+        assert reader.fence == 1  # the epoch: the latest writer's fence
+    assert other.holders(NAME) == []
+
+
+async def test_the_keeper_renews_a_reader_with_the_leases_beside_it(db: Db) -> None:
+    async with (
+        alease(db.url, NAME, ttl=0.9, shared=True) as reader,
+        alease(db.url, "beside", ttl=0.9) as writer,
+    ):
+        await asleep(2.5)  # past the ttl: only renewals keep them
+        assert not reader.lost and not writer.lost
+        reader.check()
+    assert db.backend().holders() == []
+
+
+async def test_a_reader_that_stalled_past_a_writers_grant_is_told_it_lost(db: Db) -> None:
+    other = db.backend()
+    unkept = alease(db.url, NAME, ttl=0.5, shared=True, heartbeat=False)
+    with pytest.raises(LeaseLost) as lost:
+        async with unkept as reader:
+            # Its ttl runs out (no renewal): a writer is granted the name.
+            assert await asleep_until(lambda: other.claim(NAME, HOUR, "writer") == 1, BOUND)
+            assert reader.lost
+            # Its fenced writes are rejected from then on.
+            assert not other.holds(NAME, reader.holder, reader.fence)
+    assert "a writer was granted it since its epoch, with fence 1" in str(lost.value)
+
+
+async def test_a_reader_takes_no_min_hold() -> None:
+    with pytest.raises(InvalidArgument) as bad:
+        alease("sqlite:///:memory:", NAME, ttl=30, shared=True, min_hold=30)
+    assert bad.value.parameter == "min_hold"
+
+
+@pytest.mark.usefixtures("only_notifications")
+async def test_a_waiting_writer_is_woken_when_the_last_reader_leaves(db: Db) -> None:
+    other = db.backend()
+    assert other.claim_shared(NAME, HOUR, "r1") == 0
+    assert other.claim_shared(NAME, HOUR, "r2") == 0
+
+    left: list[float] = []
+
+    def leave() -> None:
+        # Once the writer waits: then only the last release can let it in.
+        deadline = time.monotonic() + BOUND
+        while not in_line(db, NAME) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        other.release(NAME, "r1")
+        time.sleep(0.3)
+        other.release(NAME, "r2")
+        left.append(time.monotonic())
+
+    later(leave)
+    async with alease(db.url, NAME, ttl=30, wait=PATIENT, poll_interval=no_poll(db)) as writer:
+        # Woken by the last reader's release, not by a poll nor its wait's deadline.
+        assert left and time.monotonic() - left[0] < BOUND
+        assert writer.fence == 1
+        assert other.holders(NAME)[0].mode == "exclusive"
+
+
+@pytest.mark.usefixtures("only_notifications")
+async def test_waiting_readers_are_all_woken_when_the_writer_leaves(db: Db) -> None:
+    other = db.backend()
+    assert other.claim(NAME, HOUR, "writer") == 1
+    inside: list[str] = []
+
+    async def read() -> int:
+        async with alease(
+            db.url, NAME, ttl=30, shared=True, wait=PATIENT, poll_interval=no_poll(db)
+        ) as held:
+            inside.append(held.holder)
+            # All three in at once: each was woken while the others held their shares.
+            assert await asleep_until(lambda: len(inside) == 3, BOUND)
+            return held.fence
+
+    async def leave() -> int:
+        # Once the readers wait (SQLite's poll: a moment), only the release wakes them.
+        if db.kind == "postgres":
+            assert await asleep_until(lambda: hub.waiters(NAME) == 3, BOUND)
+        else:
+            await asleep(0.5)
+        other.release(NAME, "writer")
+        return 1
+
+    assert await atogether(read, read, read, leave) == [1, 1, 1, 1]
+
+
+async def test_a_waiting_writer_keeps_new_readers_out(db: Db) -> None:
+    other = db.backend()
+    assert other.claim_shared(NAME, HOUR, "r1") == 0
+    granted: list[int] = []
+
+    async def write() -> None:
+        async with alease(db.url, NAME, ttl=30, wait=PATIENT, poll_interval=no_poll(db)) as held:
+            granted.append(held.fence)
+
+    async def meanwhile() -> None:
+        # Once the writer waits in line, a new reader is busy; the old one stays in.
+        async def kept_out() -> bool:
+            try:
+                await aenter_once(alease(db.url, NAME, ttl=30, shared=True))
+            except LeaseBusy:
+                return True
+            return False
+
+        deadline = time.monotonic() + BOUND
+        while not await kept_out():
+            assert time.monotonic() < deadline, "the waiting writer never kept a reader out"
+            await asleep(0.1)
+        assert other.renew(NAME, "r1")
+        assert other.release(NAME, "r1")
+
+    await atogether(write, meanwhile)
+    assert granted == [1]
+    assert await asleep_until(lambda: other.claim_shared(NAME, HOUR, "r2") == 1, DETECT)
