@@ -4,9 +4,10 @@
 is a live member, and what watching a group's members takes.
 
 A member is not a lease: ``group_join`` gives it an incarnation (a fence of the group),
-the keeper renews it with ``group_renew`` naming that incarnation (a group of the
-keeper of its own, beside the one statement that renews every lease of the process),
-and leaving the block sends ``group_leave``. A member whose renewals stop is gone for
+the keeper renews it in the one statement that renews everything the process holds (a
+ticket of kind ``member``, its incarnation as its fence: ``pylease_renew_held`` from
+pylease-0015 on, ``group_renew`` beside it before), and leaving the block sends
+``group_leave``. A member whose renewals stop is gone for
 the others once its ttl runs out; here it reads as lost from the same moment a lease
 would (the keeper's deadline, then the clock-rate margin).
 
@@ -22,17 +23,15 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
 
 from pylease import _checks
 from pylease import _hub as hub
 from pylease._acompat import Event, monotonic
-from pylease._backend import Backend
 from pylease._budget import begin, exit_deadline
 from pylease._held import callable_option, default_holder
 from pylease._hub import Watcher
 from pylease._keeper import keeper
-from pylease._links import Link, Source, link, own_link
+from pylease._links import Link, link, own_link
 from pylease._links import check as check_target
 from pylease._operations import MemberRow
 from pylease._ticket import Ticket
@@ -49,21 +48,6 @@ AFTER_EXPIRY = 0.02
 
 #: What a member knows of its loss: called with the LeaseLost (name: the group).
 MemberLostCallback = Callable[[LeaseLost], object]
-
-
-def renew_members(source: Source, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
-    """The keeper's renewal of members (tickets of kind ``member``: name the group, holder
-    the member, fence the incarnation) through ``source``, in one transaction: one
-    ``group_renew`` per member, each of its own incarnation and ttl."""
-
-    def renew(b: Backend) -> list[tuple[Any, ...]]:
-        out: list[tuple[Any, ...]] = []
-        for t in batch:
-            ok = b.group_renew(t.name, t.holder, t.renew_ttl, t.fence)
-            out.append((t.name, ok, None, None))
-        return out
-
-    return source.run(renew, name=batch[0].name, retry=True, urgent=True)
 
 
 class Bell:
@@ -211,9 +195,11 @@ class Group:
         ticket.fence = incarnation
         old, self._ticket = self._ticket, ticket
         if old is not None:
-            keeper().remove(old, link_.renewals, renew_members)
+            keeper().remove(old, link_.renewals)
         self.incarnation = incarnation
-        keeper().add(ticket, link_.renewals, renew_members)
+        # Renewed with the leases of the process (its partitions' among them) in the
+        # keeper's one statement per tick.
+        keeper().add(ticket, link_.renewals)
         return incarnation
 
     def leave(self) -> LeaseLost | None:
@@ -227,7 +213,7 @@ class Group:
         grp, member, incarnation = self.group, self.member, ticket.fence
         budget = begin()
         try:
-            keeper().remove(ticket, link_.renewals, renew_members)
+            keeper().remove(ticket, link_.renewals)
             if lost is None:
                 try:
                     link_.run_release(lambda b: b.group_leave(grp, member, incarnation), name=grp)

@@ -3,9 +3,10 @@
 is a live member, and what watching a group's members takes.
 
 A member is not a lease: ``group_join`` gives it an incarnation (a fence of the group),
-the keeper renews it with ``group_renew`` naming that incarnation (a group of the
-keeper of its own, beside the one statement that renews every lease of the process),
-and leaving the block sends ``group_leave``. A member whose renewals stop is gone for
+the keeper renews it in the one statement that renews everything the process holds (a
+ticket of kind ``member``, its incarnation as its fence: ``pylease_renew_held`` from
+pylease-0015 on, ``group_renew`` beside it before), and leaving the block sends
+``group_leave``. A member whose renewals stop is gone for
 the others once its ttl runs out; here it reads as lost from the same moment a lease
 would (the keeper's deadline, then the clock-rate margin).
 
@@ -22,20 +23,18 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
 
 from pylease import _checks
 from pylease import _hub_async as hub
 from pylease._acompat import AEvent, monotonic
-from pylease._backend_async import AsyncBackend
 from pylease._budget import begin, exit_deadline
 from pylease._held import callable_option, default_holder
 from pylease._hub_async import AsyncWatcher
 from pylease._keeper_async import keeper
-from pylease._links_async import AsyncLink, AsyncSource, link, own_link
+from pylease._links_async import AsyncLink, link, own_link
 from pylease._links_async import check as check_target
 from pylease._operations import MemberRow
-from pylease._ticket import AsyncTicket, Ticket
+from pylease._ticket import AsyncTicket
 from pylease._types import AsyncTarget, Duration
 from pylease.errors import LeaseLost, MemberLive
 
@@ -49,21 +48,6 @@ AFTER_EXPIRY = 0.02
 
 #: What a member knows of its loss: called with the LeaseLost (name: the group).
 MemberLostCallback = Callable[[LeaseLost], object]
-
-
-async def renew_members(source: AsyncSource, batch: Sequence[Ticket]) -> list[tuple[Any, ...]]:
-    """The keeper's renewal of members (tickets of kind ``member``: name the group, holder
-    the member, fence the incarnation) through ``source``, in one transaction: one
-    ``group_renew`` per member, each of its own incarnation and ttl."""
-
-    async def renew(b: AsyncBackend) -> list[tuple[Any, ...]]:
-        out: list[tuple[Any, ...]] = []
-        for t in batch:
-            ok = await b.group_renew(t.name, t.holder, t.renew_ttl, t.fence)
-            out.append((t.name, ok, None, None))
-        return out
-
-    return await source.run(renew, name=batch[0].name, retry=True, urgent=True)
 
 
 class AsyncBell:
@@ -218,9 +202,11 @@ class AsyncGroup:
         ticket.fence = incarnation
         old, self._ticket = self._ticket, ticket
         if old is not None:
-            await keeper().remove(old, link_.renewals, renew_members)
+            await keeper().remove(old, link_.renewals)
         self.incarnation = incarnation
-        await keeper().add(ticket, link_.renewals, renew_members)
+        # Renewed with the leases of the process (its partitions' among them) in the
+        # keeper's one statement per tick.
+        await keeper().add(ticket, link_.renewals)
         return incarnation
 
     async def leave(self) -> LeaseLost | None:
@@ -234,7 +220,7 @@ class AsyncGroup:
         grp, member, incarnation = self.group, self.member, ticket.fence
         budget = begin()
         try:
-            await keeper().remove(ticket, link_.renewals, renew_members)
+            await keeper().remove(ticket, link_.renewals)
             if lost is None:
                 try:
                     await link_.run_release(

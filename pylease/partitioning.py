@@ -237,6 +237,13 @@ class Partitions:
             self._revoke(lost)
         member = self.member
         if member.lost and not self._closing:
+            # The others count this member out: give every partition up before joining
+            # again (a join refused now, its old incarnation not yet expired there, is
+            # tried again at the next look).
+            with self._mutex:
+                for stop, _w in self._waiting.values():
+                    stop.flag = True
+            self._revoke(sorted(self._held))
             member.join()
         grp, count = self.group, self.partitions
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from pylease import InvalidArgument, LeaseLost, MemberLive, group, partitions
-from pylease._acompat import monotonic
-from tests.support.leases import DETECT, wait_until
+from pylease._acompat import monotonic, sleep
+from tests.support.leases import DETECT, function_calls, track_functions, wait_until
 from tests.support.safety_kit import Db
 
 GRP = "indexers"
@@ -176,3 +176,40 @@ def test_partitions_never_claim_inside_the_callers_transaction(conn: Any, dsn: s
             assert rows == {f"{GRP}#{x}": "a" for x in a.owned} | {
                 f"{GRP}#{x}": "b" for x in b.owned
             }
+
+
+def test_a_member_and_its_partitions_are_renewed_by_one_statement_per_tick(
+    conn: Any, dsn: str
+) -> None:
+    """The keeper renews the member in the statement that renews its partitions' leases
+    (pylease_renew_held, kind 'member'): never by a group_renew of its own."""
+    track_functions(conn)
+    ttl = 1.5
+    with partitions(dsn, GRP, 8, ttl=ttl, member="a") as p:
+        sleep(3 * ttl)
+        assert not p.member.lost
+        assert p.owned == list(range(8))
+        cur = conn.execute("SELECT member FROM group_members(%s)", (GRP,))
+        assert cur.fetchall() == [("a",)]
+        assert function_calls(conn, "pylease_renew_held") >= 2
+        assert function_calls(conn, "group_renew") == 0
+
+
+def test_a_member_counted_out_gives_its_partitions_up_and_joins_again(db: Db) -> None:
+    """Made to leave behind its back (as an expiry would, for the others), a member is
+    lost: its partitions are revoked and released, and it joins again with a new
+    incarnation and owns what the assignment gives it then."""
+    other = db.backend()
+    revoked: list[list[int]] = []
+    with partitions(db.url, GRP, 4, ttl=1.5, member="a", on_revoked=revoked.append) as p:
+        first = p.member.incarnation
+        assert first is not None
+        assert other.group_leave(GRP, "a")
+
+        def back() -> bool:
+            again = p.member.incarnation
+            return again is not None and again > first and p.owned == [0, 1, 2, 3]
+
+        assert wait_until(back, BOUND), (p.member.incarnation, p.owned)
+        assert revoked == [[0, 1, 2, 3]]
+        assert [r.member for r in other.group_members(GRP)] == ["a"]
