@@ -590,13 +590,3 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
             # one of pylease's own to the same file, outside the caller's transactions.
             return AsyncLink(source, sqlite_conn=target)
     return AsyncLink(source, listen_conninfo=listen)
-
-
-def own_link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
-    """A link that never runs on the caller's connection, only on pylease's own: for work
-    done in the background (a group's rebalancer), which may run while the caller's
-    connection is inside a transaction of the caller's."""
-    link_ = link(target, heartbeat_target=heartbeat_target)
-    link_.conn = None
-    link_.sqlite_conn = None
-    return link_

@@ -31,7 +31,7 @@ from pylease._budget import begin, exit_deadline
 from pylease._held import callable_option, default_holder
 from pylease._hub import Watcher
 from pylease._keeper import keeper
-from pylease._links import Link, link, own_link
+from pylease._links import Link, link
 from pylease._links import check as check_target
 from pylease._operations import MemberRow
 from pylease._ticket import Ticket
@@ -86,6 +86,16 @@ class Bell:
         watcher, self.watcher = self.watcher, None
         if watcher is not None:
             watcher.close()
+
+
+def own_link(target: object, *, heartbeat_target: object = None) -> Link:
+    """A link that never runs on the caller's connection, only on pylease's own: for work
+    done in the background (a group's rebalancer), which may run while the caller's
+    connection is inside a transaction of the caller's."""
+    link_ = link(target, heartbeat_target=heartbeat_target)
+    link_.conn = None
+    link_.sqlite_conn = None
+    return link_
 
 
 def until_next_read(rows: Sequence[MemberRow], poll: float) -> float:

@@ -31,7 +31,7 @@ from pylease._budget import begin, exit_deadline
 from pylease._held import callable_option, default_holder
 from pylease._hub_async import AsyncWatcher
 from pylease._keeper_async import keeper
-from pylease._links_async import AsyncLink, link, own_link
+from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
 from pylease._operations import MemberRow
 from pylease._ticket import AsyncTicket
@@ -93,6 +93,16 @@ class AsyncBell:
         watcher, self.watcher = self.watcher, None
         if watcher is not None:
             watcher.close()
+
+
+def own_link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
+    """A link that never runs on the caller's connection, only on pylease's own: for work
+    done in the background (a group's rebalancer), which may run while the caller's
+    connection is inside a transaction of the caller's."""
+    link_ = link(target, heartbeat_target=heartbeat_target)
+    link_.conn = None
+    link_.sqlite_conn = None
+    return link_
 
 
 def until_next_read(rows: Sequence[MemberRow], poll: float) -> float:

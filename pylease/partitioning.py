@@ -32,7 +32,7 @@ from typing import Any
 from pylease import _checks
 from pylease._acompat import Mutex, Worker, spawn
 from pylease._held import Held, callable_option
-from pylease._links import Link, own_link
+from pylease._links import Link
 from pylease._links import check as check_target
 from pylease._standby import call
 from pylease._ticket import Ticket
@@ -40,7 +40,7 @@ from pylease._types import Duration, Target
 from pylease._waiting import WaitStopped
 from pylease.errors import LeaseBusy, LeaseLost, MemberLive, PyleaseError
 from pylease.leasing import Lease, block_options
-from pylease.membership import Bell, Group, until_next_read
+from pylease.membership import Bell, Group, own_link, until_next_read
 
 logger = logging.getLogger("pylease")
 

@@ -32,7 +32,7 @@ from typing import Any
 from pylease import _checks
 from pylease._acompat import AMutex, AWorker, aspawn
 from pylease._held import Held, callable_option
-from pylease._links_async import AsyncLink, own_link
+from pylease._links_async import AsyncLink
 from pylease._links_async import check as check_target
 from pylease._standby_async import call
 from pylease._ticket import AsyncTicket
@@ -40,7 +40,7 @@ from pylease._types import AsyncTarget, Duration
 from pylease._waiting_async import WaitStopped
 from pylease.errors import LeaseBusy, LeaseLost, MemberLive, PyleaseError
 from pylease.leasing_async import AsyncLease, block_options
-from pylease.membership_async import AsyncBell, AsyncGroup, until_next_read
+from pylease.membership_async import AsyncBell, AsyncGroup, own_link, until_next_read
 
 logger = logging.getLogger("pylease")
 

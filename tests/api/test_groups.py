@@ -10,16 +10,18 @@ backend on a connection of its own.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pylease import InvalidArgument, LeaseLost, MemberLive, group, partitions
+from pylease import InvalidArgument, LeaseLost, MemberLive, group, lease, partitions
 from pylease._acompat import monotonic, sleep
 from tests.support.leases import DETECT, function_calls, track_functions, wait_until
 from tests.support.safety_kit import Db
 
 GRP = "indexers"
+ROOT = Path(__file__).resolve().parents[2]
 HOUR = timedelta(hours=1)
 # Liveness bounds of a loaded machine, never speeds.
 BOUND = 30.0
@@ -213,3 +215,18 @@ def test_a_member_counted_out_gives_its_partitions_up_and_joins_again(db: Db) ->
         assert wait_until(back, BOUND), (p.member.incarnation, p.owned)
         assert revoked == [[0, 1, 2, 3]]
         assert [r.member for r in other.group_members(GRP)] == ["a"]
+
+
+def test_on_a_schema_before_0015_members_are_renewed_beside_the_statement(
+    conn: Any, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before migration 0015 the keeper's statement knows no members: the keeper renews
+    them by group_renew beside it (and says so once), and the leases still renew."""
+    undo = ROOT / "migrations" / "postgres" / "pylease-0015-groups-kept.rollback.sql"
+    conn.execute(undo.read_text(encoding="utf-8"))
+    ttl = 1.5
+    with group(dsn, GRP, member="a", ttl=ttl) as m, lease(dsn, "beside", ttl=ttl) as held:
+        sleep(3 * ttl)
+        assert not m.lost
+        assert not held.lost
+    assert "renews members of groups apart from leases" in caplog.text

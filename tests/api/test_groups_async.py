@@ -9,16 +9,18 @@ backend on a connection of its own.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pylease import InvalidArgument, LeaseLost, MemberLive, agroup, apartitions
+from pylease import InvalidArgument, LeaseLost, MemberLive, agroup, alease, apartitions
 from pylease._acompat import asleep, monotonic
 from tests.support.leases import DETECT, afunction_calls, asleep_until, atrack_functions
 from tests.support.safety_kit import Db
 
 GRP = "indexers"
+ROOT = Path(__file__).resolve().parents[2]
 HOUR = timedelta(hours=1)
 # Liveness bounds of a loaded machine, never speeds.
 BOUND = 30.0
@@ -215,3 +217,18 @@ async def test_a_member_counted_out_gives_its_partitions_up_and_joins_again(db: 
         assert await asleep_until(back, BOUND), (p.member.incarnation, p.owned)
         assert revoked == [[0, 1, 2, 3]]
         assert [r.member for r in other.group_members(GRP)] == ["a"]
+
+
+async def test_on_a_schema_before_0015_members_are_renewed_beside_the_statement(
+    aconn: Any, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before migration 0015 the keeper's statement knows no members: the keeper renews
+    them by group_renew beside it (and says so once), and the leases still renew."""
+    undo = ROOT / "migrations" / "postgres" / "pylease-0015-groups-kept.rollback.sql"
+    await aconn.execute(undo.read_text(encoding="utf-8"))
+    ttl = 1.5
+    async with agroup(dsn, GRP, member="a", ttl=ttl) as m, alease(dsn, "beside", ttl=ttl) as held:
+        await asleep(3 * ttl)
+        assert not m.lost
+        assert not held.lost
+    assert "renews members of groups apart from leases" in caplog.text
