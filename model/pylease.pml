@@ -219,6 +219,22 @@ byte rvb[NC];       /* the reply to it: the fence of B */
 byte rop[NC * SLOTS];
 byte rh[NC * SLOTS];
 byte rf[NC * SLOTS];
+#if KINDS
+/* A renewal's or release's second piece of its tenure (0 with a fence 0, and for a
+   claim): a permit's slot, or the fence of B of a claim of both names. */
+byte rx[NC * SLOTS];
+#if PERMITS
+#define EXTRA(c, f) ((f) == 0 -> 0 : sl[c])
+#else
+#define EXTRA(c, f) ((f) == 0 -> 0 : fb[c])
+#endif
+#define SET_EXTRA(i, v) rx[i] = (v)
+#define MOVE_EXTRA(i) rx[i] = rx[(i) + 1]; rx[(i) + 1] = 0
+#else
+#define EXTRA(c, f) 0
+#define SET_EXTRA(i, v) skip
+#define MOVE_EXTRA(i) skip
+#endif
 #if NAMES
 /* lease_claim_all runs in steps: its read (rph 0), then one row lock at a time (rph 1 +
    the rows it has locked), then the recheck and grant (rph 3). lk[r]: the request
@@ -286,8 +302,9 @@ inline unlock(i) {
 #endif
 
 #if defined(MUT_RELEASE_NO_FENCE) || KINDS
-/* Permits and several names are claimed by permit_claim and lease_claim_all, which
-   continue a tenure of the holder (contract 5.1, 5.3): nothing is refused. */
+/* Permits and several names are claimed by permit_claim_new and lease_claim_all_new,
+   busy while the holder's own tenure is unexpired (sql_permits.pml): nothing is left
+   to refuse. */
 #define REFUSED(c) 0
 #else
 /* Contract 5.6: a claim that finds its explicit holder's tenure granted before it asked
@@ -300,14 +317,14 @@ inline unlock(i) {
 /* A slot is freed; a client's requests always fill its first slots, so that two orders
    of the same requests are one state. */
 inline free_slot(i) {
-    rop[i] = 0; rh[i] = 0; rf[i] = 0;
+    rop[i] = 0; rh[i] = 0; rf[i] = 0; SET_EXTRA(i, 0);
 #if NAMES
     unlock(i);              /* its statement ended, or its connection died */
 #endif
     if
     :: i % SLOTS == 0 && rop[i + 1] != 0 ->
         rop[i] = rop[i + 1]; rh[i] = rh[i + 1]; rf[i] = rf[i + 1];
-        rop[i + 1] = 0; rh[i + 1] = 0; rf[i + 1] = 0;
+        rop[i + 1] = 0; rh[i + 1] = 0; rf[i + 1] = 0; MOVE_EXTRA(i);
 #if NAMES
         rph[i] = rph[i + 1]; rph[i + 1] = 0; gave[i] = gave[i + 1]; gave[i + 1] = 0;
         if
@@ -332,7 +349,7 @@ inline send(c, op, f) {
     :: rop[c * SLOTS] == 0 -> aw[c] = c * SLOTS
     :: else -> aw[c] = c * SLOTS + 1
     fi;
-    rop[aw[c]] = op; rh[aw[c]] = hid[c]; rf[aw[c]] = f;
+    rop[aw[c]] = op; rh[aw[c]] = hid[c]; rf[aw[c]] = f; SET_EXTRA(aw[c], EXTRA(c, f));
     since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0; CLEAR_EXTRA(c)
 }
 
@@ -530,16 +547,16 @@ inline run_request(i) {
         :: else -> skip
         fi
     :: rop[i] == OP_RENEW ->
-        permit_renew(rh[i], TTL, ok, granted);
-        printf("server: pylease_renew_held(permit, holder %d) = %d, granted %d\n", rh[i], ok, granted);
+        permit_renew(rh[i], TTL, rf[i], rx[i], ok, granted);
+        printf("server: pylease_renew_held(permit, holder %d, slot %d, fence %d) = %d, granted %d\n", rh[i], rx[i], rf[i], ok, granted);
         ANSWER(i, ok);
         if
         :: aw[i / SLOTS] == i -> rgr[i / SLOTS] = granted
         :: else -> skip
         fi
     :: rop[i] == OP_RELEASE ->
-        permit_release(rh[i], rf[i]);
-        printf("server: permit_release(holder %d)\n", rh[i]);
+        permit_release(rh[i], rf[i], rx[i]);
+        printf("server: permit_release(holder %d, slot %d, fence %d)\n", rh[i], rx[i], rf[i]);
         ANSWER(i, 1)
     fi;
     free_slot(i);
@@ -553,6 +570,9 @@ byte outb;
 #define ALL_OF(i) (WANT(CLIENT_OF(i)) == 3)
 /* The rows a request of client c touches: 1 A, 2 B, 3 both */
 #define ROWS_OF(i) WANT(CLIENT_OF(i))
+/* The fences a renewal or release of request i names: A's, B's (0: none) */
+#define FENCE_A(i) (rf[i] * (ROWS_OF(i) != 2))
+#define FENCE_B(i) (rx[i] * (ROWS_OF(i) == 3) + rf[i] * (ROWS_OF(i) == 2))
 /* Request i's k-th row lock: in name order (A, then B) */
 #ifdef MUT_CLAIM_ALL_CALLER_ORDER
 #define LOCK_ROW(i, k) (REV(CLIENT_OF(i)) -> 1 - (k) : (k))   /* the caller's order */
@@ -576,19 +596,19 @@ inline run_request(i) {
         printf("server: lease_claim(holder %d, name %d) = %d\n", rh[i], ROWS_OF(i) - 1, out);
         ANSWER(i, out)
     :: rop[i] == OP_RENEW ->
-        renew_names(rh[i], ROWS_OF(i), TTL, ok, granted);
-        printf("server: pylease_renew_held(holder %d, names %d) = %d, granted %d\n", rh[i], ROWS_OF(i), ok, granted);
+        renew_names(rh[i], ROWS_OF(i), TTL, FENCE_A(i), FENCE_B(i), ok, granted);
+        printf("server: pylease_renew_held(holder %d, names %d, fences %d %d) = %d, granted %d\n", rh[i], ROWS_OF(i), FENCE_A(i), FENCE_B(i), ok, granted);
         ANSWER(i, ok);
         if
         :: aw[i / SLOTS] == i -> rgr[i / SLOTS] = granted
         :: else -> skip
         fi
     :: rop[i] == OP_RELEASE && ALL_OF(i) ->
-        release_names(rh[i], 3, 0);
-        printf("server: lease_release_all(holder %d)\n", rh[i]);
+        release_names(rh[i], 3, FENCE_A(i), FENCE_B(i));
+        printf("server: lease_release_all(holder %d, fences %d %d)\n", rh[i], FENCE_A(i), FENCE_B(i));
         ANSWER(i, 1)
     :: rop[i] == OP_RELEASE && !ALL_OF(i) ->
-        release_names(rh[i], ROWS_OF(i), rf[i]);
+        release_names(rh[i], ROWS_OF(i), FENCE_A(i), FENCE_B(i));
         printf("server: lease_release(holder %d, name %d, fence %d)\n", rh[i], ROWS_OF(i) - 1, rf[i]);
         ANSWER(i, 1)
     fi;

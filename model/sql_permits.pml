@@ -1,5 +1,5 @@
 /*
- * pylease's SQL of permits and several names (migrations 0008 and 0009) on a table of
+ * pylease's SQL of permits and several names (migrations 0008, 0009, 0012, 0014) on a table of
  * rows, as the server runs it: the slots of one semaphore (PERMITS), or two lease
  * names, A (row 0) and B (row 1) (NAMES).
  *
@@ -12,16 +12,15 @@
  *
  * Included by pylease.pml after sql.pml, with PERMITS or NAMES set. Mutants (-D):
  * MUT_PERMIT_TAKE_HELD, MUT_PERMIT_RELEASE_RESETS, MUT_CLAIM_ALL_NO_RECHECK,
- * MUT_CLAIM_ALL_ONE_BY_ONE, MUT_CLAIM_ALL_CALLER_ORDER.
+ * MUT_CLAIM_ALL_ONE_BY_ONE, MUT_CLAIM_ALL_CALLER_ORDER, MUT_RELEASE_HOLDER_ONLY.
  *
- * A holder the caller chose is claimed a new tenure of permits (permit_claim_new,
- * migration 0012), as a lease's (lease_claim_new): busy while its slot is unexpired, a
- * new fence after. CLAIM_CONTINUES (-D) is the claim before 0012, which continued it.
- * REUSE_FIX (-D): what permits still need for a holder the caller chose and reuses
- * (docs/model.md, "A gap"): a release matched on the fence (as lease_release's). The
- * renewals here match the holder (the keeper's name the slot and its fence since 0012:
- * not modelled), and lease_claim_all continues a tenure of the holder (the code's
- * lease_claim_all_new does not, since 0012: not modelled).
+ * A holder the caller chose claims a new tenure (permit_claim_new, lease_claim_all_new,
+ * migration 0012), as a lease's (lease_claim_new): busy while any of it is unexpired,
+ * new fences after. CLAIM_CONTINUES (-D) is the claim before 0012, which continued it.
+ * The keeper's renewal names the tenure (0012: a permit's slot and its fence, each
+ * name's fence), and so does the release (0014: permit_release with the slot and its
+ * fence, lease_release_all with each name's fence); a fence 0 in a request is the
+ * NULL of the earlier signatures, matched on the holder alone.
  */
 
 #if PERMITS
@@ -35,6 +34,8 @@ byte kl[NR];            /* per row: open fenced transactions (permit_holds' FOR 
 byte cur;               /* the row loaded into `row` */
 byte ri, rk, rn;        /* scratch of a statement's loops (0 between statements) */
 byte racq;              /* scratch: lease_claim's acquired_at, unread here */
+byte rq;                /* scratch: the fence a statement names for the row it decides;
+                           permit_claim's: the holder's expired slot + 1 */
 
 inline load(r) {
     cur = r;
@@ -72,8 +73,10 @@ inline store() {
 #define TAKEABLE(r) (FREE_ROW(r) && kl[r] == 0)
 #endif
 
-/* permit_claim(name, NR, ttl, holder, permits => 1): the fence, BUSY or EXHAUSTED, and
-   the slot granted. The model's claims take one permit each. */
+/* permit_claim_new(name, NR, ttl, holder, permits => 1): the fence, BUSY or EXHAUSTED,
+   and the slot granted. The model's claims take one permit each. The holder's expired
+   slot is not continued: the grant takes free slots as any claim does (its own among
+   them, unless a fenced transaction has it locked) and frees it if not taken again. */
 inline permit_claim(h, t, out, sl) {
     out = BUSY; sl = 0;
     ri = 0;
@@ -84,11 +87,6 @@ inline permit_claim(h, t, out, sl) {
     if
 #ifndef CLAIM_CONTINUES
     :: ri < NR && tab[ri].left > 0 -> skip   /* this holder's, unexpired: busy */
-    :: ri < NR && tab[ri].left == 0 ->
-        /* this holder's, expired: taken over with a new fence */
-        load(ri);
-        row.fence = NEXT_FENCE; new_tenure(h, t, KIND_CLAIM); out = row.fence;
-        store(); sl = ri
 #else
     :: ri < NR ->
         /* still this holder's (a retried claim): its slot again, extended never earlier */
@@ -97,6 +95,9 @@ inline permit_claim(h, t, out, sl) {
         store(); sl = ri
 #endif
     :: else ->
+        /* none of this holder's, or (a new tenure) its slot expired: a grant of free
+           slots, its expired one among them (remembered in rq, slot + 1) */
+        rq = (ri < NR -> ri + 1 : 0);
         /* busy: no slot free. Reads only. */
         rn = 0; ri = 0;
         do
@@ -119,23 +120,31 @@ inline permit_claim(h, t, out, sl) {
                 new_tenure(h, t, KIND_CLAIM);
                 out = row.fence
             fi;
-            store(); sl = ri
+            store(); sl = ri;
+            /* the holder's expired slot, not taken again (a fenced transaction of the
+               earlier tenure has it locked: skipped), is freed with the grant; its
+               fence stays */
+            if
+            :: out != EXHAUSTED && rq != 0 && rq - 1 != ri -> tab[rq - 1].released = 1
+            :: else -> skip
+            fi
         :: else -> skip        /* busy, or every free slot locked by another: busy */
         fi
     fi;
-    ri = 0; rk = 0; rn = 0
+    ri = 0; rk = 0; rn = 0; rq = 0
 }
 
-/* permit_renew(name, holder, ttl) / pylease_renew_held's permit element: all or
-   nothing, every slot of the holder (as many as it was granted together: one) is
-   extended, never earlier; granted: the earliest expiry's span. */
-inline permit_renew(h, t, ok, granted) {
+/* pylease_renew_held's permit element (holder h, while it holds slot s with fence f; f
+   0: any tenure, as permit_renew(name, holder, ttl)): all or nothing, every slot of
+   the holder (as many as it was granted together: one) is extended, never earlier;
+   granted: the earliest expiry's span. */
+inline permit_renew(h, t, f, s, ok, granted) {
     rn = 0; ri = 0;
     do
     :: ri < NR -> rn = rn + HOLDS_ROW(ri, h); ri++
     :: else -> break
     od;
-    ok = (rn == 1); granted = 0;
+    ok = (rn == 1 && (f == 0 || (HOLDS_ROW(s, h) && tab[s].fence == f))); granted = 0;
     ri = 0;
     do
     :: ok && ri < NR && HOLDS_ROW(ri, h) ->
@@ -147,29 +156,32 @@ inline permit_renew(h, t, ok, granted) {
     ri = 0; rk = 0; rn = 0
 }
 
-/* permit_release(name, holder): holder-matched (no fence), every slot of the holder.
-   REUSE_FIX: matched on the fence f too, as lease_release's fourth argument. */
-#ifdef REUSE_FIX
-#define PERMIT_RELEASE_FENCE(f) (f)
+/* permit_release(name, holder, slot, fence) (0014): every slot of the holder, while it
+   holds slot s with fence f (f 0: any tenure, as permit_release(name, holder)); the
+   slots are this tenure's, so each is released as its own. MUT_RELEASE_HOLDER_ONLY:
+   the release before 0014, matched on the holder alone. */
+#ifdef MUT_RELEASE_HOLDER_ONLY
+#define RELEASE_TENURE(f) 0
 #else
-#define PERMIT_RELEASE_FENCE(f) 0
+#define RELEASE_TENURE(f) (f)
 #endif
-inline permit_release(h, f) {
+inline permit_release(h, f, s) {
+    rk = (RELEASE_TENURE(f) == 0 || (HOLDS_ROW(s, h) && tab[s].fence == f));
     ri = 0;
     do
-    :: ri < NR ->
-        load(ri); lease_release(h, 0, PERMIT_RELEASE_FENCE(f), rk);
+    :: rk && ri < NR ->
+        load(ri); lease_release(h, 0, 0, rn);
 #ifdef MUT_PERMIT_RELEASE_RESETS
         /* the slot back to its default (holder NULL, fence 0), as a slot never granted */
         if
-        :: rk -> row.holder = 0; row.fence = 0
+        :: rn -> row.holder = 0; row.fence = 0
         :: else -> skip
         fi;
 #endif
         store(); ri++
     :: else -> break
     od;
-    ri = 0; rk = 0
+    ri = 0; rk = 0; rn = 0
 }
 
 /* permit_holds(name, holder, fence) on the holder's slot s: lease_holds' decision and
@@ -180,17 +192,28 @@ inline permit_holds(h, f, s, ok) {
 
 /* ---- Several names (0008: lease_claim_all, lease_release_all; 0009: renewal) ---- */
 
+#ifdef CLAIM_CONTINUES
 /* A name in the way of holder h: unexpired, and released (resting) or another's. */
 #define IN_WAY(r, h) (tab[r].exists && tab[r].left > 0 && (tab[r].released || tab[r].holder != (h)))
+#else
+/* A name in the way of a new tenure of holder h: unexpired, whoever's, its own too
+   (another process uses this holder). */
+#define IN_WAY(r, h) (tab[r].exists && tab[r].left > 0)
+#endif
 
-/* lease_claim_all's grant of the locked row in `row`: a new name; one still this
-   holder's, extended with its fence (as lease_claim); or a new tenure, fence floored.
-   The UPDATE itself has no condition: the recheck under the locks decides. */
+/* lease_claim_all_new's grant of the locked row in `row`: a new name, or a new tenure,
+   fence floored (CLAIM_CONTINUES: one still this holder's is extended with its fence,
+   as lease_claim). The UPDATE itself has no condition: the recheck under the locks
+   decides. */
 inline claim_all_name(h, t) {
     if
     :: !row.exists -> row.exists = 1; row.fence = FLOOR; new_tenure(h, t, KIND_CLAIM)
+#ifdef CLAIM_CONTINUES
     :: row.exists && !row.released && row.holder == h -> row.ttl = t; RECLAIM_EXPIRY(t)
     :: row.exists && (row.released || row.holder != h) ->
+#else
+    :: row.exists ->
+#endif
         row.fence = NEXT_FENCE; new_tenure(h, t, KIND_CLAIM)
     fi
 }
@@ -212,14 +235,19 @@ inline claim_all_grant(h, t, outa, outb) {
     fi
 }
 
-/* lease_renew_each over names (the keeper's renewal of a tenure of several names):
-   each name renewed on its own; the tenure is kept only when all were, for the
-   earliest span granted. `which`: 1 A, 2 B, 3 both. */
-inline renew_names(h, which, t, ok, granted) {
+/* pylease_renew_held over names (the keeper's renewal of a tenure of several names):
+   each name renewed on its own, in the tenure its fence names (fa: A's, fb: B's; 0:
+   any); the tenure is kept only when all were, for the earliest span granted.
+   `which`: 1 A, 2 B, 3 both. */
+inline renew_names(h, which, t, fa, fb, ok, granted) {
     ok = 1; granted = 0; ri = 0;
     do
     :: ri < NR && ((which >> ri) & 1) ->
-        load(ri); lease_renew(h, t, 0, rk, rn); store();
+        if
+        :: ri == 0 -> rq = fa
+        :: else -> rq = fb
+        fi;
+        load(ri); lease_renew(h, t, rq, rk, rn); store();
         ok = ok && rk;
         granted = (granted == 0 -> rn : (rn < granted -> rn : granted)); ri++
     :: ri < NR && !((which >> ri) & 1) -> ri++
@@ -229,17 +257,30 @@ inline renew_names(h, which, t, ok, granted) {
     :: !ok -> granted = 0
     :: else -> skip
     fi;
-    ri = 0; rk = 0; rn = 0
+    ri = 0; rk = 0; rn = 0; rq = 0
 }
 
-/* lease_release_all(names, holder) (which = 3, f = 0: holder-matched, no fence), or
-   one name's lease_release(name, holder, NULL, fence). */
-inline release_names(h, which, f) {
+/* lease_release_all(names, holder, fences) (which = 3, 0014: each name in the tenure
+   its fence names, fa A's and fb B's; MUT_RELEASE_HOLDER_ONLY: the release before
+   0014, matched on the holder alone), or one name's lease_release(name, holder, NULL,
+   fence). */
+inline release_names(h, which, fa, fb) {
     ri = 0;
     do
-    :: ri < NR && ((which >> ri) & 1) -> load(ri); lease_release(h, 0, f, rk); store(); ri++
+    :: ri < NR && ((which >> ri) & 1) ->
+        if
+        :: ri == 0 -> rq = fa
+        :: else -> rq = fb
+        fi;
+#ifdef MUT_RELEASE_HOLDER_ONLY
+        if
+        :: which == 3 -> rq = 0
+        :: else -> skip
+        fi;
+#endif
+        load(ri); lease_release(h, 0, rq, rk); store(); ri++
     :: ri < NR && !((which >> ri) & 1) -> ri++
     :: else -> break
     od;
-    ri = 0; rk = 0
+    ri = 0; rk = 0; rq = 0
 }

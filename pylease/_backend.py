@@ -44,6 +44,7 @@ from pylease._operations import (
     PERMIT_CLAIM_NEW,
     PERMIT_HOLDS,
     PERMIT_RELEASE,
+    PERMIT_RELEASE_TENURE,
     PERMIT_RENEW,
     PERMIT_REVOKE,
     PERMIT_SET_MAX,
@@ -52,6 +53,7 @@ from pylease._operations import (
     PRUNE_HISTORY,
     RELEASE,
     RELEASE_ALL,
+    RELEASE_ALL_TENURE,
     RELEASE_TENURE,
     RENEW,
     RENEW_EACH,
@@ -74,7 +76,7 @@ from pylease._operations import (
     PermitRow,
     Renewal,
 )
-from pylease.errors import FenceExhausted, SchemaMissing
+from pylease.errors import FenceExhausted
 
 
 def _key(name: object) -> str | None:
@@ -336,10 +338,20 @@ class Backend:
         params = (_checks.key("name", name), _checks.key("holder", holder), span)
         return bool(self._call(PERMIT_RENEW, params, name))
 
-    def permit_release(self, name: str, holder: str) -> bool:
-        """``permit_release``: True when the slots of ``holder`` were all still its own."""
+    def permit_release(
+        self, name: str, holder: str, slot: int | None = None, fence: int | None = None
+    ) -> bool:
+        """``permit_release``: True when the slots of ``holder`` were all still its own.
+        With ``slot`` and ``fence``, only the tenure that holds that slot with that fence
+        (None: any), so that a late release of an earlier tenure frees nothing."""
         params = (_checks.key("name", name), _checks.key("holder", holder))
-        return bool(self._call(PERMIT_RELEASE, params, name))
+        if slot is None and fence is None:
+            return bool(self._call(PERMIT_RELEASE, params, name))
+        tenure = (
+            None if slot is None else _checks.slot(slot),
+            None if fence is None else _checks.fence(fence),
+        )
+        return bool(self._call(PERMIT_RELEASE_TENURE, (*params, *tenure), name))
 
     def permit_holds(self, name: str, holder: str, fence: int) -> bool:
         params = (
@@ -388,10 +400,22 @@ class Backend:
             raise FenceExhausted(str(exc), name=worn) from exc.__cause__
         return {name: fence for name, fence in rows}
 
-    def release_all(self, names: Sequence[str], holder: str) -> list[tuple[str, bool]]:
-        """``lease_release_all``: (name, released) per name, in order."""
-        params = (_checks.names(names), _checks.key("holder", holder))
-        result: list[tuple[str, bool]] = self._call(RELEASE_ALL, params, None)
+    def release_all(
+        self,
+        names: Sequence[str],
+        holder: str,
+        fences: Sequence[int | None] | None = None,
+    ) -> list[tuple[str, bool]]:
+        """``lease_release_all``: (name, released) per name, in order. With ``fences``,
+        each name only in the tenure its fence names (None: any), so that a late release
+        of an earlier tenure frees nothing."""
+        name_list = _checks.names(names)
+        params = (name_list, _checks.key("holder", holder))
+        if fences is None:
+            result: list[tuple[str, bool]] = self._call(RELEASE_ALL, params, None)
+            return result
+        fence_list = _checks.tenure_list("fences", fences, len(name_list))
+        result = self._call(RELEASE_ALL_TENURE, (*params, fence_list), None)
         return result
 
     # Readers and writers (contract 5.2)
@@ -519,69 +543,3 @@ class Backend:
 # How a release runs: the statement, and what to run instead when it runs again (None:
 # it may not). See Link.run_release.
 ReleaseOp = Callable[[Backend], bool]
-
-
-def release_tenure(
-    run: Callable[[ReleaseOp, ReleaseOp | None], bool],
-    name: str,
-    holder: str,
-    min_hold: timedelta | None,
-    fence: int | None,
-) -> bool:
-    """Release one tenure through ``run`` (a link's or a source's): a late release of an
-    earlier tenure then frees nothing. A schema before pylease-0006 has no such release,
-    so there it releases whatever tenure the holder has, in a statement of its own (as
-    it does when the fence is not known), which is never sent twice."""
-
-    def give_back(b: Backend) -> bool:
-        return b.release(name, holder, min_hold, fence)
-
-    def give_back_again(b: Backend) -> bool:
-        if b.release(name, holder, min_hold, fence):
-            return True
-        # The attempt that failed may have reached the server and released it: the row
-        # then still names this tenure, given back (nobody else releases a holder's).
-        rows = b.status(name)
-        return any(
-            r.holder == holder and r.fence == fence and r.state in ("released", "resting")
-            for r in rows
-        )
-
-    def give_back_any(b: Backend) -> bool:
-        return b.release(name, holder, min_hold)
-
-    if fence is None:
-        return run(give_back_any, None)
-    try:
-        return run(give_back, give_back_again)
-    except SchemaMissing:
-        # A schema missing altogether fails here again.
-        return run(give_back_any, None)
-
-
-def release_kept(
-    run: Callable[[ReleaseOp, ReleaseOp | None], bool],
-    kind: str,
-    names: Sequence[str],
-    holder: str,
-    fence: int | None,
-    min_hold: timedelta | None = None,
-) -> bool:
-    """Release what a kept ticket holds through ``run``: a lease's tenure (``kind``
-    ``"lease"``, with ``min_hold``), a reader's share (``"shared"``: its epoch as the
-    fence), a holder's slots of a semaphore (``"permit"``), or several names
-    (``"names"``: True when every one of them was still ours)."""
-    if kind in ("lease", "shared"):
-        return release_tenure(run, names[0], holder, min_hold, fence)
-    if kind == "permit":
-        name = names[0]
-
-        def slots(b: Backend) -> bool:
-            return b.permit_release(name, holder)
-
-        return run(slots, None)
-
-    def every(b: Backend) -> bool:
-        return all(released for _, released in b.release_all(names, holder))
-
-    return run(every, None)

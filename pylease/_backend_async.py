@@ -43,6 +43,7 @@ from pylease._operations import (
     PERMIT_CLAIM_NEW,
     PERMIT_HOLDS,
     PERMIT_RELEASE,
+    PERMIT_RELEASE_TENURE,
     PERMIT_RENEW,
     PERMIT_REVOKE,
     PERMIT_SET_MAX,
@@ -51,6 +52,7 @@ from pylease._operations import (
     PRUNE_HISTORY,
     RELEASE,
     RELEASE_ALL,
+    RELEASE_ALL_TENURE,
     RELEASE_TENURE,
     RENEW,
     RENEW_EACH,
@@ -73,7 +75,7 @@ from pylease._operations import (
     PermitRow,
     Renewal,
 )
-from pylease.errors import FenceExhausted, SchemaMissing
+from pylease.errors import FenceExhausted
 
 
 def _key(name: object) -> str | None:
@@ -335,10 +337,20 @@ class AsyncBackend:
         params = (_checks.key("name", name), _checks.key("holder", holder), span)
         return bool(await self._call(PERMIT_RENEW, params, name))
 
-    async def permit_release(self, name: str, holder: str) -> bool:
-        """``permit_release``: True when the slots of ``holder`` were all still its own."""
+    async def permit_release(
+        self, name: str, holder: str, slot: int | None = None, fence: int | None = None
+    ) -> bool:
+        """``permit_release``: True when the slots of ``holder`` were all still its own.
+        With ``slot`` and ``fence``, only the tenure that holds that slot with that fence
+        (None: any), so that a late release of an earlier tenure frees nothing."""
         params = (_checks.key("name", name), _checks.key("holder", holder))
-        return bool(await self._call(PERMIT_RELEASE, params, name))
+        if slot is None and fence is None:
+            return bool(await self._call(PERMIT_RELEASE, params, name))
+        tenure = (
+            None if slot is None else _checks.slot(slot),
+            None if fence is None else _checks.fence(fence),
+        )
+        return bool(await self._call(PERMIT_RELEASE_TENURE, (*params, *tenure), name))
 
     async def permit_holds(self, name: str, holder: str, fence: int) -> bool:
         params = (
@@ -387,10 +399,22 @@ class AsyncBackend:
             raise FenceExhausted(str(exc), name=worn) from exc.__cause__
         return {name: fence for name, fence in rows}
 
-    async def release_all(self, names: Sequence[str], holder: str) -> list[tuple[str, bool]]:
-        """``lease_release_all``: (name, released) per name, in order."""
-        params = (_checks.names(names), _checks.key("holder", holder))
-        result: list[tuple[str, bool]] = await self._call(RELEASE_ALL, params, None)
+    async def release_all(
+        self,
+        names: Sequence[str],
+        holder: str,
+        fences: Sequence[int | None] | None = None,
+    ) -> list[tuple[str, bool]]:
+        """``lease_release_all``: (name, released) per name, in order. With ``fences``,
+        each name only in the tenure its fence names (None: any), so that a late release
+        of an earlier tenure frees nothing."""
+        name_list = _checks.names(names)
+        params = (name_list, _checks.key("holder", holder))
+        if fences is None:
+            result: list[tuple[str, bool]] = await self._call(RELEASE_ALL, params, None)
+            return result
+        fence_list = _checks.tenure_list("fences", fences, len(name_list))
+        result = await self._call(RELEASE_ALL_TENURE, (*params, fence_list), None)
         return result
 
     # Readers and writers (contract 5.2)
@@ -520,69 +544,3 @@ class AsyncBackend:
 # How a release runs: the statement, and what to run instead when it runs again (None:
 # it may not). See AsyncLink.run_release.
 AsyncReleaseOp = Callable[[AsyncBackend], Awaitable[bool]]
-
-
-async def release_tenure(
-    run: Callable[[AsyncReleaseOp, AsyncReleaseOp | None], Awaitable[bool]],
-    name: str,
-    holder: str,
-    min_hold: timedelta | None,
-    fence: int | None,
-) -> bool:
-    """Release one tenure through ``run`` (a link's or a source's): a late release of an
-    earlier tenure then frees nothing. A schema before pylease-0006 has no such release,
-    so there it releases whatever tenure the holder has, in a statement of its own (as
-    it does when the fence is not known), which is never sent twice."""
-
-    async def give_back(b: AsyncBackend) -> bool:
-        return await b.release(name, holder, min_hold, fence)
-
-    async def give_back_again(b: AsyncBackend) -> bool:
-        if await b.release(name, holder, min_hold, fence):
-            return True
-        # The attempt that failed may have reached the server and released it: the row
-        # then still names this tenure, given back (nobody else releases a holder's).
-        rows = await b.status(name)
-        return any(
-            r.holder == holder and r.fence == fence and r.state in ("released", "resting")
-            for r in rows
-        )
-
-    async def give_back_any(b: AsyncBackend) -> bool:
-        return await b.release(name, holder, min_hold)
-
-    if fence is None:
-        return await run(give_back_any, None)
-    try:
-        return await run(give_back, give_back_again)
-    except SchemaMissing:
-        # A schema missing altogether fails here again.
-        return await run(give_back_any, None)
-
-
-async def release_kept(
-    run: Callable[[AsyncReleaseOp, AsyncReleaseOp | None], Awaitable[bool]],
-    kind: str,
-    names: Sequence[str],
-    holder: str,
-    fence: int | None,
-    min_hold: timedelta | None = None,
-) -> bool:
-    """Release what a kept ticket holds through ``run``: a lease's tenure (``kind``
-    ``"lease"``, with ``min_hold``), a reader's share (``"shared"``: its epoch as the
-    fence), a holder's slots of a semaphore (``"permit"``), or several names
-    (``"names"``: True when every one of them was still ours)."""
-    if kind in ("lease", "shared"):
-        return await release_tenure(run, names[0], holder, min_hold, fence)
-    if kind == "permit":
-        name = names[0]
-
-        async def slots(b: AsyncBackend) -> bool:
-            return await b.permit_release(name, holder)
-
-        return await run(slots, None)
-
-    async def every(b: AsyncBackend) -> bool:
-        return all(released for _, released in await b.release_all(names, holder))
-
-    return await run(every, None)

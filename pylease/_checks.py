@@ -145,6 +145,18 @@ def fence(value: object, parameter: str = "fence") -> int:
     return value
 
 
+def slot(value: object, parameter: str = "slot") -> int:
+    """A slot of a semaphore: an int that fits an integer."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(
+            f"pylease: {parameter} must be an int, not {type(value).__name__}",
+            parameter=parameter,
+        )
+    if not -(2**31) <= value < 2**31:
+        raise InvalidArgument(f"pylease: {parameter} is out of range", parameter=parameter)
+    return value
+
+
 def key_lists(names: object, holders: object) -> tuple[list[str], list[str]]:
     """The names and holders of ``renew_many``: sequences of keys, of equal length."""
     name_list = _sequence("names", names)

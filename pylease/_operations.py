@@ -94,6 +94,12 @@ def new_tenure(op: Operation) -> Operation:
     return Operation(op.name + "_new", op.kind, postgres, op.sqlite, op.answer)
 
 
+def of_tenure(op: Operation, casts: LiteralString, params: tuple[str, ...]) -> Operation:
+    """``op`` freeing only the tenure ``params`` name (0014); SQLite: ``<name>_tenure``."""
+    postgres = op.postgres[:-1] + ", " + casts + ")"
+    return Operation(op.name + "_tenure", op.kind, postgres, op.sqlite + params, op.answer)
+
+
 CLAIM_NEW = new_tenure(CLAIM)
 RENEW = Operation(
     "renew", GRANT, "SELECT lease_renew(%s, %s, %s)", ("name", "holder", "ttl_seconds"), FLAG
@@ -181,19 +187,9 @@ HISTORY = Operation(
     LeaseEvent,
 )
 PRUNE_HISTORY = Operation(
-    "prune_history",
-    WRITE,
-    "SELECT lease_prune_history(%s)",
-    ("older_than_seconds",),
-    COUNT,
+    "prune_history", WRITE, "SELECT lease_prune_history(%s)", ("older_than_seconds",), COUNT
 )
-PRUNE = Operation(
-    "prune",
-    WRITE,
-    "SELECT lease_prune(%s)",
-    ("idle_for_seconds",),
-    COUNT,
-)
+PRUNE = Operation("prune", WRITE, "SELECT lease_prune(%s)", ("idle_for_seconds",), COUNT)
 
 
 # Permits (contract 5.1): a semaphore whose slots are fenced leases.
@@ -215,6 +211,7 @@ PERMIT_RENEW = Operation(
 PERMIT_RELEASE = Operation(
     "permit_release", WRITE, "SELECT permit_release(%s, %s)", ("name", "holder"), FLAG
 )
+PERMIT_RELEASE_TENURE = of_tenure(PERMIT_RELEASE, "%s::integer, %s::bigint", ("slot", "fence"))
 PERMIT_HOLDS = Operation(
     "permit_holds",
     READ,
@@ -258,6 +255,7 @@ RELEASE_ALL = Operation(
     ("names", "holder"),
     tuple,
 )
+RELEASE_ALL_TENURE = of_tenure(RELEASE_ALL, "%s::bigint[]", ("fences",))
 
 # Readers and writers (contract 5.2): a reader's claim, and every holder of every kind.
 CLAIM_SHARED = Operation(
@@ -365,6 +363,7 @@ OPERATIONS = (
     PERMIT_CLAIM_NEW,
     PERMIT_RENEW,
     PERMIT_RELEASE,
+    PERMIT_RELEASE_TENURE,
     PERMIT_HOLDS,
     PERMIT_STATUS,
     PERMIT_SET_MAX,
@@ -372,6 +371,7 @@ OPERATIONS = (
     CLAIM_ALL,
     CLAIM_ALL_NEW,
     RELEASE_ALL,
+    RELEASE_ALL_TENURE,
     CLAIM_SHARED,
     HOLDERS,
     GROUP_JOIN,

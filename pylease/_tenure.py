@@ -17,11 +17,11 @@ Shared by :mod:`pylease._keeper`, :mod:`pylease.leasing` and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from pylease._backend import Backend, ReleaseOp, release_kept
+from pylease._backend import Backend, ReleaseOp
 from pylease._held import describe_loss
 from pylease._links import Link, Source
 from pylease._log import released as log_released
@@ -144,11 +144,129 @@ def _answers(batch: Sequence[Ticket], rows: Sequence[Any]) -> list[tuple[Any, ..
 
 
 def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> bool:
-    """Release the tenure of ``ticket`` through ``run`` (a link's or a source's): True
-    when all of it was still ours."""
-    kind = "names" if ticket.names else ticket.kind
-    names = ticket.names or (ticket.name,)
-    return release_kept(run, kind, names, ticket.holder, ticket.fence, min_hold)
+    """Release the tenure of ``ticket`` through ``run`` (a link's or a source's), only
+    that tenure, so that a late release of an earlier one frees nothing: a lease's (with
+    ``min_hold``), a reader's share (its epoch as the fence), a holder's slots of a
+    semaphore, or several names. True when all of it was still ours."""
+    if ticket.names:
+        fences = ticket.fences or {}
+        return _release_names(run, ticket.names, ticket.holder, fences)
+    if ticket.kind == "permit":
+        return _release_permits(run, ticket.name, ticket.holder, ticket.slot, ticket.fence)
+    return _release_lease(run, ticket.name, ticket.holder, min_hold, ticket.fence)
+
+
+def _release_lease(
+    run: Run, name: str, holder: str, min_hold: timedelta | None, fence: int | None
+) -> bool:
+    """A lease's tenure. A schema before pylease-0006 has no such release, so there it
+    releases whatever tenure the holder has, in a statement of its own (as it does when
+    the fence is not known), which is never sent twice."""
+
+    def tenure(b: Backend) -> bool:
+        return b.release(name, holder, min_hold, fence)
+
+    def tenure_again(b: Backend) -> bool:
+        if b.release(name, holder, min_hold, fence):
+            return True
+        # The attempt that failed may have reached the server and released it: the row
+        # then still names this tenure, given back (nobody else releases a holder's).
+        rows = b.status(name)
+        return any(
+            r.holder == holder and r.fence == fence and r.state in ("released", "resting")
+            for r in rows
+        )
+
+    def any_tenure(b: Backend) -> bool:
+        return b.release(name, holder, min_hold)
+
+    if fence is None:
+        return run(any_tenure, None)
+    try:
+        return run(tenure, tenure_again)
+    except SchemaMissing:
+        # A schema missing altogether fails here again.
+        return run(any_tenure, None)
+
+
+def _release_permits(run: Run, name: str, holder: str, slot: int | None, fence: int | None) -> bool:
+    """A holder's slots of a semaphore, while it holds ``slot`` with ``fence``: True
+    when they were all still its own. On a schema before pylease-0014, whatever tenure
+    the holder has (its log says so once)."""
+
+    def tenure(b: Backend) -> bool:
+        return b.permit_release(name, holder, slot, fence)
+
+    def tenure_again(b: Backend) -> bool:
+        if b.permit_release(name, holder, slot, fence):
+            return True
+        # The attempt that failed may have released them: the slot still names this
+        # tenure, given back (nobody else releases a holder's).
+        return any(
+            r.slot == slot and r.holder == holder and r.fence == fence and r.state == "released"
+            for r in b.permit_status(name)
+        )
+
+    def any_tenure(b: Backend) -> bool:
+        return b.permit_release(name, holder)
+
+    if slot is None or fence is None:
+        return run(any_tenure, None)
+    try:
+        return run(tenure, tenure_again)
+    except SchemaMissing:
+        _by_holder_alone()
+        return run(any_tenure, None)
+
+
+def _release_names(run: Run, names: Sequence[str], holder: str, fences: Mapping[str, int]) -> bool:
+    """Several names, each in the tenure its fence names: True when every one of them
+    was still ours. On a schema before pylease-0014, whatever tenure the holder has
+    (its log says so once)."""
+    fence_list = [fences.get(name) for name in names]
+
+    def tenure(b: Backend) -> bool:
+        return all(released for _, released in b.release_all(names, holder, fence_list))
+
+    def tenure_again(b: Backend) -> bool:
+        answers = b.release_all(names, holder, fence_list)
+        for name, released in answers:
+            if released:
+                continue
+            # The attempt that failed may have released it: the row still names this
+            # tenure, given back (nobody else releases a holder's).
+            rows = b.status(name)
+            if not any(
+                r.holder == holder and r.fence == fences.get(name) and r.state == "released"
+                for r in rows
+            ):
+                return False
+        return True
+
+    def any_tenure(b: Backend) -> bool:
+        return all(released for _, released in b.release_all(names, holder))
+
+    try:
+        return run(tenure, tenure_again)
+    except SchemaMissing:
+        _by_holder_alone()
+        return run(any_tenure, None)
+
+
+def _by_holder_alone() -> None:
+    """A schema before pylease-0014 releases permits and several names by holder alone:
+    said once per process, as the keeper says it of renewals."""
+    global _told_unfenced
+    if _told_unfenced:
+        return
+    _told_unfenced = True
+    logger.warning(
+        "pylease: this schema releases permits and several names by holder alone (run"
+        " `pylease migrate`: from pylease-0014 on, a release names its tenure)"
+    )
+
+
+_told_unfenced = False
 
 
 def release(

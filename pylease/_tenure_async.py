@@ -16,11 +16,11 @@ Shared by :mod:`pylease._keeper_async`, :mod:`pylease.leasing_async` and
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from pylease._backend_async import AsyncBackend, AsyncReleaseOp, release_kept
+from pylease._backend_async import AsyncBackend, AsyncReleaseOp
 from pylease._held import describe_loss
 from pylease._links_async import AsyncLink, AsyncSource
 from pylease._log import released as log_released
@@ -145,11 +145,133 @@ def _answers(batch: Sequence[Ticket], rows: Sequence[Any]) -> list[tuple[Any, ..
 
 
 async def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> bool:
-    """Release the tenure of ``ticket`` through ``run`` (a link's or a source's): True
-    when all of it was still ours."""
-    kind = "names" if ticket.names else ticket.kind
-    names = ticket.names or (ticket.name,)
-    return await release_kept(run, kind, names, ticket.holder, ticket.fence, min_hold)
+    """Release the tenure of ``ticket`` through ``run`` (a link's or a source's), only
+    that tenure, so that a late release of an earlier one frees nothing: a lease's (with
+    ``min_hold``), a reader's share (its epoch as the fence), a holder's slots of a
+    semaphore, or several names. True when all of it was still ours."""
+    if ticket.names:
+        fences = ticket.fences or {}
+        return await _release_names(run, ticket.names, ticket.holder, fences)
+    if ticket.kind == "permit":
+        return await _release_permits(run, ticket.name, ticket.holder, ticket.slot, ticket.fence)
+    return await _release_lease(run, ticket.name, ticket.holder, min_hold, ticket.fence)
+
+
+async def _release_lease(
+    run: Run, name: str, holder: str, min_hold: timedelta | None, fence: int | None
+) -> bool:
+    """A lease's tenure. A schema before pylease-0006 has no such release, so there it
+    releases whatever tenure the holder has, in a statement of its own (as it does when
+    the fence is not known), which is never sent twice."""
+
+    async def tenure(b: AsyncBackend) -> bool:
+        return await b.release(name, holder, min_hold, fence)
+
+    async def tenure_again(b: AsyncBackend) -> bool:
+        if await b.release(name, holder, min_hold, fence):
+            return True
+        # The attempt that failed may have reached the server and released it: the row
+        # then still names this tenure, given back (nobody else releases a holder's).
+        rows = await b.status(name)
+        return any(
+            r.holder == holder and r.fence == fence and r.state in ("released", "resting")
+            for r in rows
+        )
+
+    async def any_tenure(b: AsyncBackend) -> bool:
+        return await b.release(name, holder, min_hold)
+
+    if fence is None:
+        return await run(any_tenure, None)
+    try:
+        return await run(tenure, tenure_again)
+    except SchemaMissing:
+        # A schema missing altogether fails here again.
+        return await run(any_tenure, None)
+
+
+async def _release_permits(
+    run: Run, name: str, holder: str, slot: int | None, fence: int | None
+) -> bool:
+    """A holder's slots of a semaphore, while it holds ``slot`` with ``fence``: True
+    when they were all still its own. On a schema before pylease-0014, whatever tenure
+    the holder has (its log says so once)."""
+
+    async def tenure(b: AsyncBackend) -> bool:
+        return await b.permit_release(name, holder, slot, fence)
+
+    async def tenure_again(b: AsyncBackend) -> bool:
+        if await b.permit_release(name, holder, slot, fence):
+            return True
+        # The attempt that failed may have released them: the slot still names this
+        # tenure, given back (nobody else releases a holder's).
+        return any(
+            r.slot == slot and r.holder == holder and r.fence == fence and r.state == "released"
+            for r in await b.permit_status(name)
+        )
+
+    async def any_tenure(b: AsyncBackend) -> bool:
+        return await b.permit_release(name, holder)
+
+    if slot is None or fence is None:
+        return await run(any_tenure, None)
+    try:
+        return await run(tenure, tenure_again)
+    except SchemaMissing:
+        _by_holder_alone()
+        return await run(any_tenure, None)
+
+
+async def _release_names(
+    run: Run, names: Sequence[str], holder: str, fences: Mapping[str, int]
+) -> bool:
+    """Several names, each in the tenure its fence names: True when every one of them
+    was still ours. On a schema before pylease-0014, whatever tenure the holder has
+    (its log says so once)."""
+    fence_list = [fences.get(name) for name in names]
+
+    async def tenure(b: AsyncBackend) -> bool:
+        return all(released for _, released in await b.release_all(names, holder, fence_list))
+
+    async def tenure_again(b: AsyncBackend) -> bool:
+        answers = await b.release_all(names, holder, fence_list)
+        for name, released in answers:
+            if released:
+                continue
+            # The attempt that failed may have released it: the row still names this
+            # tenure, given back (nobody else releases a holder's).
+            rows = await b.status(name)
+            if not any(
+                r.holder == holder and r.fence == fences.get(name) and r.state == "released"
+                for r in rows
+            ):
+                return False
+        return True
+
+    async def any_tenure(b: AsyncBackend) -> bool:
+        return all(released for _, released in await b.release_all(names, holder))
+
+    try:
+        return await run(tenure, tenure_again)
+    except SchemaMissing:
+        _by_holder_alone()
+        return await run(any_tenure, None)
+
+
+def _by_holder_alone() -> None:
+    """A schema before pylease-0014 releases permits and several names by holder alone:
+    said once per process, as the keeper says it of renewals."""
+    global _told_unfenced
+    if _told_unfenced:
+        return
+    _told_unfenced = True
+    logger.warning(
+        "pylease: this schema releases permits and several names by holder alone (run"
+        " `pylease migrate`: from pylease-0014 on, a release names its tenure)"
+    )
+
+
+_told_unfenced = False
 
 
 async def release(

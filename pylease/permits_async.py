@@ -6,11 +6,12 @@ release something else: the claim is an attempt of the one wait engine
 (:class:`~pylease._attempts_async.PermitClaim`, :class:`~pylease._attempts_async.ClaimAll`),
 the keeper renews them in the statement that renews every lease of the process
 (``pylease_renew_held``, naming the tenure: a slot and its fence, each name's fence),
-and the release is holder-matched: ``permit_release`` frees the holder's slots,
-``lease_release_all`` its names. Neither release takes a fence (the SQL has none): a
-holder names one claim, and the default holder is unique per claim. A holder the
-caller gave claims a new tenure (``permit_claim_new``, ``lease_claim_all_new``), as a
-lease's does: another process's live tenure under it is busy, never joined. A release
+and the release names the tenure too: ``permit_release`` with the slot and its fence
+frees the holder's slots, ``lease_release_all`` with each name's fence its names, so
+that a late release of an earlier block with the same holder frees nothing of a later
+one (migration 0014). A holder the caller gave claims a new tenure
+(``permit_claim_new``, ``lease_claim_all_new``), as a lease's does: another process's
+live tenure under it is busy, never joined. A release
 that finds any slot or name no longer ours fails the work, as for a lease. The twins
 differ as :mod:`pylease.leasing_async`'s do: only on an event loop is the block's task
 cancelled when a permit or a name is lost (``cancel_on_lost``).

@@ -6,7 +6,7 @@
 --   * pylease_renew_held takes members of groups (kind 'member', the incarnation as its
 --     fence), so that the keeper renews a member and its partitions' leases in its one
 --     statement per tick. Redefined from 0013's definition.
--- depends: pylease-0013-shared
+-- depends: pylease-0014-fenced-releases
 
 DO $pin$
 BEGIN

@@ -1677,11 +1677,18 @@ BEGIN
 END
 $$;
 
--- Give back every slot this holder holds: true when they were all still its own.
--- The ones still its own are freed either way. NOTIFY pylease when any was freed.
--- Without the WAL flush when the release is the first write of its transaction,
--- as lease_release.
-CREATE FUNCTION permit_release(name text, holder text) RETURNS boolean
+-- Give back the tenure of permits that holds slot `slot` with fence `fence`: every slot
+-- this holder holds, while it still holds that one (a holder's slots are one tenure,
+-- granted together); true when they were all still its own. A late release of an
+-- earlier tenure (sent before it expired and a new tenure was granted to the same
+-- holder) then frees nothing. A NULL slot or fence matches any (both NULL: as
+-- permit_release(name, holder)). The slots are locked first and the tenure is told
+-- from the locked rows, as they are once locked. NOTIFY pylease when any was freed;
+-- without the WAL flush when the release is the first write of its transaction, as
+-- lease_release. Neither slot nor fence has a DEFAULT: a call with two arguments
+-- still means permit_release(name, holder) alone.
+CREATE FUNCTION permit_release(name text, holder text, slot integer, fence bigint)
+RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
@@ -1708,16 +1715,21 @@ BEGIN
 
     t_now := clock_timestamp();
     WITH locked AS (
-        SELECT p.slot, p.permits FROM pylease_permits AS p
+        SELECT p.slot, p.permits, p.fence FROM pylease_permits AS p
          WHERE p.name = permit_release.name AND p.holder = permit_release.holder AND NOT p.released
          ORDER BY p.slot
            FOR NO KEY UPDATE OF p
+    ), tenure AS (
+        SELECT k.slot, k.permits FROM locked AS k
+         WHERE EXISTS (SELECT FROM locked AS m
+                        WHERE (permit_release.slot IS NULL OR m.slot = permit_release.slot)
+                          AND (permit_release.fence IS NULL OR m.fence = permit_release.fence))
     ), given AS (
         UPDATE pylease_permits AS p
            SET released   = true,
                expires_at = t_now,
                releases   = p.releases + 1
-          FROM locked AS k
+          FROM tenure AS k
          WHERE p.name = permit_release.name AND p.slot = k.slot
         RETURNING p.slot, p.fence
     ), recorded AS (
@@ -1727,7 +1739,7 @@ BEGIN
          WHERE history = 'all'
     )
     SELECT count(*), count(*) = min(k.permits) AND count(*) = max(k.permits)
-      INTO freed, whole FROM locked AS k;
+      INTO freed, whole FROM tenure AS k;
     IF freed = 0 THEN
         RETURN false;
     END IF;
@@ -1735,6 +1747,12 @@ BEGIN
     RETURN whole;
 END
 $$;
+
+-- Give back every slot this holder holds, whatever its tenure (the function above
+-- with a NULL slot and fence; an SQL function inlined into its caller's statement).
+CREATE OR REPLACE FUNCTION permit_release(name text, holder text) RETURNS boolean
+LANGUAGE sql
+RETURN permit_release(permit_release.name, permit_release.holder, NULL::integer, NULL::bigint);
 
 -- True iff this holder holds an unexpired slot with this fence. Locks it FOR KEY
 -- SHARE: every grant changes the fence, a key column, so a fenced write in the
@@ -2029,11 +2047,14 @@ BEGIN ATOMIC
                              lease_claim_all_new.holder, true) AS c;
 END;
 
--- Give back every lease of names that this holder still holds: one (name, released)
--- row per name, in the order of names. Rows are locked in name order. NOTIFY pylease
--- for each name freed; without the WAL flush when this is the first write of its
--- transaction, as lease_release.
-CREATE FUNCTION lease_release_all(names text[], holder text)
+-- Give back every lease of names that this holder still holds, each only in the
+-- tenure fences[i] names (a NULL array or element: whatever tenure the holder has):
+-- one (name, released) row per name, in the order of names. So a late release of an
+-- earlier tenure of the same holder frees nothing. Rows are locked in name order, and
+-- the fence is matched on the locked row. NOTIFY pylease for each name freed; without
+-- the WAL flush when this is the first write of its transaction, as lease_release.
+-- fences has no DEFAULT: a call with two arguments still means the function below.
+CREATE FUNCTION lease_release_all(names text[], holder text, fences bigint[])
 RETURNS TABLE(name text, released boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
@@ -2045,6 +2066,10 @@ DECLARE
 BEGIN
     PERFORM pylease_check_names('names', lease_release_all.names);
     PERFORM pylease_check_key('holder', lease_release_all.holder);
+    IF cardinality(lease_release_all.fences) <> cardinality(lease_release_all.names) THEN
+        RAISE EXCEPTION 'pylease: fences must have one element (or NULL) per element of names'
+            USING ERRCODE = '22023', COLUMN = 'fences';
+    END IF;
     IF pg_is_in_recovery() THEN
         PERFORM pylease_refuse_standby('lease_release_all');
     END IF;
@@ -2057,9 +2082,11 @@ BEGIN
 
     t_now := clock_timestamp();
     WITH locked AS (
-        SELECT l.name FROM pylease_leases AS l
-         WHERE l.name = ANY (lease_release_all.names) AND l.holder = lease_release_all.holder
-           AND NOT l.released
+        SELECT l.name
+          FROM unnest(lease_release_all.names) WITH ORDINALITY AS u(n, i)
+          JOIN pylease_leases AS l ON l.name = u.n
+         WHERE l.holder = lease_release_all.holder AND NOT l.released
+           AND (lease_release_all.fences[u.i] IS NULL OR l.fence = lease_release_all.fences[u.i])
          ORDER BY l.name
            FOR NO KEY UPDATE OF l
     ), given AS (
@@ -2085,6 +2112,16 @@ BEGIN
 END
 $$;
 
+-- Give back every lease of names that this holder still holds, whatever its tenures
+-- (the function above with NULL fences).
+CREATE OR REPLACE FUNCTION lease_release_all(names text[], holder text)
+RETURNS TABLE(name text, released boolean)
+LANGUAGE sql
+BEGIN ATOMIC
+    SELECT r.name, r.released
+      FROM lease_release_all(lease_release_all.names, lease_release_all.holder,
+                             NULL::bigint[]) AS r;
+END;
 COMMENT ON FUNCTION permit_claim(text, integer, interval, text, integer) IS
     'pylease: claim permits slots of a semaphore of max_permits; a (slot, fence) row per slot when granted, no row when busy.';
 COMMENT ON FUNCTION pylease_permit_claim(text, integer, interval, text, integer, boolean) IS
@@ -2095,6 +2132,8 @@ COMMENT ON FUNCTION permit_renew(text, text, interval) IS
     'pylease: extend every slot this holder holds, all or nothing; false once any is lost.';
 COMMENT ON FUNCTION permit_release(text, text) IS
     'pylease: free every slot this holder holds; true when they were all still its own. NOTIFY pylease when freed.';
+COMMENT ON FUNCTION permit_release(text, text, integer, bigint) IS
+    'pylease: free every slot this holder holds while it holds this slot with this fence; true when they were all still its own. NOTIFY pylease when freed.';
 COMMENT ON FUNCTION permit_holds(text, text, bigint) IS
     'pylease: true iff this holder holds an unexpired slot with this fence; locks it FOR KEY SHARE against every grant.';
 COMMENT ON FUNCTION permit_status(text) IS
@@ -2111,6 +2150,8 @@ COMMENT ON FUNCTION lease_claim_all_new(text[], interval, text) IS
     'pylease: claim a new tenure of every lease of names, all or nothing; no row while any is live, this holder''s own included.';
 COMMENT ON FUNCTION lease_release_all(text[], text) IS
     'pylease: give back every lease of names this holder still holds; a (name, released) row per name.';
+COMMENT ON FUNCTION lease_release_all(text[], text, bigint[]) IS
+    'pylease: give back every lease of names this holder still holds in the tenure fences[i] names; a (name, released) row per name.';
 
 -- The keeper --------------------------------------------------------------------
 

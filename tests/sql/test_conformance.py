@@ -1389,6 +1389,70 @@ SCENARIOS += [
         ],
     ),
     (
+        "permit_release naming a tenure: a late release of an earlier one frees nothing",
+        [
+            ("permit_claim_new", ("s", 2, SHORT, "h1", 2), Granted(2, 1)),
+            sleep_past_short(),
+            # The same holder's next tenure (another process, or its next block).
+            ("permit_claim_new", ("s", 2, LONG, "h1", 2), Granted(2, 2)),
+            ("permit_release", ("s", "h1", 0, 1), False),
+            ("permit_release", ("s", "h1", 1, 1), False),
+            ("held_by", ("s",), ["h1", "h1"]),
+            ("permit_claim", ("s", 2, LONG, "h2"), {}),
+            # Two takeovers of expired slots, and no release.
+            ("counters", ("s",), [("s", 4, 2, 0, 0)]),
+        ],
+    ),
+    (
+        "permit_release naming a tenure frees all its slots; a NULL slot and fence any",
+        [
+            ("permit_claim_new", ("s", 2, LONG, "h1", 2), Granted(2, 1)),
+            ("permit_release", ("s", "h1", 1, 2), False),
+            ("permit_release", ("s", "h1", 1, 1), True),
+            ("held_by", ("s",), []),
+            ("permit_release", ("s", "h1", 1, 1), False),
+            ("permit_claim_new", ("s", 2, LONG, "h1"), Granted(1, 2)),
+            ("permit_release", ("s", "h1", None, 2), True),
+            ("permit_claim_new", ("s", 2, LONG, "h1"), Granted(1)),
+            ("permit_release", ("s", "h1", None, None), True),
+            ("held_by", ("s",), []),
+            (
+                "permit_release",
+                ("s", "h1", "x", 1),
+                Raises("pylease: slot must be an int, not str"),
+            ),
+            (
+                "permit_release",
+                ("s", "h1", 0, "x"),
+                Raises("pylease: fence must be an int, not str"),
+            ),
+        ],
+    ),
+    (
+        "release_all naming tenures: a late release of an earlier one frees nothing",
+        [
+            ("claim_all_new", (["a", "b"], SHORT, "h1"), {"a": 1, "b": 1}),
+            sleep_past_short(),
+            ("claim_all_new", (["b", "a"], LONG, "h1"), {"a": 2, "b": 2}),
+            ("release_all", (["a", "b"], "h1", [1, 1]), [("a", False), ("b", False)]),
+            ("release_all", (["b", "a"], "h1", [1, 2]), [("b", False), ("a", True)]),
+            ("status", (None,), [("a", "h1", 2, False), ("b", "h1", 2, True)]),
+            ("claim", ("b", LONG, "h2"), None),
+            ("release_all", (["b"], "h1", [None]), [("b", True)]),
+            ("claim", ("b", LONG, "h2"), 3),
+            (
+                "release_all",
+                (["a"], "h1", [1, 2]),
+                Raises("pylease: fences must have as many elements as names"),
+            ),
+            (
+                "release_all",
+                (["a"], "h1", ["x"]),
+                Raises("pylease: fences must hold ints (or None)"),
+            ),
+        ],
+    ),
+    (
         "claim_all and release_all: bad arguments",
         [
             ("claim_all", ([], LONG, "h1"), Raises("pylease: names must not be empty")),

@@ -208,6 +208,12 @@ OVERLOADS = {
     # Groups: a renewal and a leave of one incarnation (NULL: whichever is live).
     "group_renew": ("grp text, member text, ttl interval, incarnation bigint", "boolean"),
     "group_leave": ("grp text, member text, incarnation bigint", "boolean"),
+    # 0014: releases of one tenure of permits and of several names (issue 24).
+    "permit_release": ("name text, holder text, slot integer, fence bigint", "boolean"),
+    "lease_release_all": (
+        "names text[], holder text, fences bigint[]",
+        "TABLE(name text, released boolean)",
+    ),
 }
 
 

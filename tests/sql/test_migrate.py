@@ -37,6 +37,7 @@ IDS = [
     "pylease-0011-groups",
     "pylease-0012-tenure-renewals",
     "pylease-0013-shared",
+    "pylease-0014-fenced-releases",
     "pylease-0015-groups-kept",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]

@@ -36,6 +36,7 @@ MIGRATIONS = [
     "pylease-0011-groups",
     "pylease-0012-tenure-renewals",
     "pylease-0013-shared",
+    "pylease-0014-fenced-releases",
     "pylease-0015-groups-kept",
 ]
 FUNCTIONS = (
@@ -98,6 +99,9 @@ WRAPPERS = {
     ("lease_claim_all", "names text[], ttl interval, holder text"),
     ("lease_claim_all_new", "names text[], ttl interval, holder text"),
     ("pylease_renew_held", "kinds text[], names text[], holders text[], ttls interval[]"),
+    # 0014
+    ("permit_release", "name text, holder text"),
+    ("lease_release_all", "names text[], holder text"),
 }
 HELPERS = (
     "pylease_check_key",
