@@ -22,9 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.support.safety_kit import Db, make_db
+from tests.support.safety_kit import Db
 from tests.support.witness import Witness
 
 GRP = "queue"
@@ -40,12 +38,6 @@ STOPPED_FOR = 1.5 * TTL
 SETTLE = 2 * TTL
 STARTUP = 60.0  # a process's start on a loaded machine: a liveness bound
 BOUND = 30.0
-
-
-@pytest.fixture
-def pg(fresh_db: Any, pg_template: str, tmp_path: Path) -> Any:
-    with make_db("postgres", lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 def member(url: str, witness: Witness, name: str, stop: Any) -> None:
