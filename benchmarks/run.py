@@ -25,6 +25,7 @@ from benchmarks._db import install_bench_schema, machine, recreate
 from benchmarks.contention import bench_contention
 from benchmarks.fleet import bench_fleet
 from benchmarks.functions import bench_functions
+from benchmarks.groups import bench_groups
 from benchmarks.peers import bench_peers
 from benchmarks.permits import bench_permits
 from benchmarks.python_level import bench_handover, bench_python
@@ -48,6 +49,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "fleet": bench_fleet,
     "startup": bench_startup,
     "permits": bench_permits,
+    "groups": bench_groups,
 }
 
 

@@ -16,6 +16,7 @@ from pylease.errors import (
     InvalidArgument,
     LeaseBusy,
     LeaseLost,
+    MemberLive,
     MigrationError,
     PyleaseError,
     ReadOnlyServer,
@@ -24,7 +25,7 @@ from pylease.errors import (
 
 if TYPE_CHECKING:
     from pylease._held import AsyncHeld, Held
-    from pylease._operations import LeaseRow
+    from pylease._operations import LeaseRow, MemberRow
     from pylease._types import FOREVER, AsyncTarget, Duration, Target, Wait
     from pylease.decorators import exclusive
     from pylease.inspection import locked, status
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
     )
     from pylease.leasing import Lease, Outcome, lease, run_exclusive
     from pylease.leasing_async import AsyncLease, alease, arun_exclusive
+    from pylease.membership import Group, group
+    from pylease.membership_async import AsyncGroup, agroup
+    from pylease.partitioning import Partitions, partitions
+    from pylease.partitioning_async import AsyncPartitions, apartitions
     from pylease.permits import leases, permit
     from pylease.permits_async import aleases, apermit
     from pylease.renewing import keep_fresh
@@ -65,6 +70,15 @@ _HOMES = {
     "AsyncHeld": "pylease._held",
     "Held": "pylease._held",
     "LeaseRow": "pylease._operations",
+    "MemberRow": "pylease._operations",
+    "Group": "pylease.membership",
+    "group": "pylease.membership",
+    "AsyncGroup": "pylease.membership_async",
+    "agroup": "pylease.membership_async",
+    "Partitions": "pylease.partitioning",
+    "partitions": "pylease.partitioning",
+    "AsyncPartitions": "pylease.partitioning_async",
+    "apartitions": "pylease.partitioning_async",
     "locked": "pylease.inspection",
     "status": "pylease.inspection",
     "alocked": "pylease.inspection_async",
@@ -101,21 +115,27 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "FOREVER",
+    "AsyncGroup",
     "AsyncHeld",
     "AsyncLease",
+    "AsyncPartitions",
     "AsyncTarget",
     "ConfigurationError",
     "DatabaseUnavailable",
     "Duration",
     "FenceExhausted",
+    "Group",
     "Held",
     "InvalidArgument",
     "Lease",
     "LeaseBusy",
     "LeaseLost",
     "LeaseRow",
+    "MemberLive",
+    "MemberRow",
     "MigrationError",
     "Outcome",
+    "Partitions",
     "PyleaseError",
     "ReadOnlyServer",
     "SchemaMissing",
@@ -123,11 +143,13 @@ __all__ = [
     "Wait",
     "__version__",
     "acurrent_leader",
+    "agroup",
     "akeep_fresh",
     "aleader",
     "alease",
     "aleases",
     "alocked",
+    "apartitions",
     "apermit",
     "arun_as_leader",
     "arun_exclusive",
@@ -135,11 +157,13 @@ __all__ = [
     "awatch_leader",
     "current_leader",
     "exclusive",
+    "group",
     "keep_fresh",
     "leader",
     "lease",
     "leases",
     "locked",
+    "partitions",
     "permit",
     "run_as_leader",
     "run_exclusive",

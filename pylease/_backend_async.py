@@ -33,6 +33,7 @@ from pylease._operations import (
     GROUP_LEAVE,
     GROUP_MEMBERS,
     GROUP_RENEW,
+    GROUP_STATUS,
     HISTORY,
     HOLDERS,
     HOLDS,
@@ -64,6 +65,7 @@ from pylease._operations import (
     UNWAIT,
     WAIT,
     CounterRow,
+    GroupRow,
     HolderRow,
     LeaseEvent,
     LeaseRow,
@@ -489,6 +491,12 @@ class AsyncBackend:
         params = (_checks.group(grp), _checks.partitions(partitions))
         rows = await self._call(GROUP_ASSIGNMENT, params, grp)
         return {part: member for part, member in rows}
+
+    async def group_status(self, grp: str | None = None) -> list[GroupRow]:
+        """``group_status``: every group ever joined (or ``grp``), by name."""
+        params = (None if grp is None else _checks.group(grp),)
+        result: list[GroupRow] = await self._call(GROUP_STATUS, params, grp)
+        return result
 
     # Waiting (PostgreSQL): the engine of pylease._waiting_async calls these.
 

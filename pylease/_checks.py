@@ -311,16 +311,17 @@ def names(values: object) -> list[str]:
     return result
 
 
-KINDS = ("lease", "shared", "permit")
+KINDS = ("lease", "shared", "permit", "member")
 
 
 def kinds(values: object, length: int) -> list[str]:
-    """The kinds of the keeper's renewal: ``"lease"``, ``"shared"`` or ``"permit"`` per
-    element."""
+    """The kinds of the keeper's renewal: ``"lease"``, ``"shared"``, ``"permit"`` or
+    ``"member"`` per element."""
     result = _sequence("kinds", values)
     if len(result) != length or any(v not in KINDS for v in result):
         raise InvalidArgument(
-            "pylease: kinds must hold 'lease', 'shared' or 'permit' for each element of names",
+            "pylease: kinds must hold 'lease', 'shared', 'permit' or 'member' for each element"
+            " of names",
             parameter="kinds",
         )
     return result

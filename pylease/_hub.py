@@ -368,6 +368,13 @@ def watch(conninfo: str, name: str | None) -> Watcher:
     return watcher
 
 
+def ring(watcher: Watcher) -> None:
+    """Wake ``watcher`` from this process, as a notification of its name would (a
+    change of its own state worth a look: a group's partition granted or lost)."""
+    with _mutex:
+        watcher.wake()
+
+
 def leave(waiter: Waiter, *, granted: bool) -> None:
     """Take ``waiter`` out of its queue; the next one becomes the head.
 

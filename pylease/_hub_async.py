@@ -369,6 +369,13 @@ async def watch(conninfo: str, name: str | None) -> AsyncWatcher:
     return watcher
 
 
+def ring(watcher: AsyncWatcher) -> None:
+    """Wake ``watcher`` from this process, as a notification of its name would (a
+    change of its own state worth a look: a group's partition granted or lost)."""
+    with _mutex:
+        watcher.wake()
+
+
 def leave(waiter: AsyncWaiter, *, granted: bool) -> None:
     """Take ``waiter`` out of its queue; the next one becomes the head.
 

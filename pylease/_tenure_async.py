@@ -2,10 +2,12 @@
 """What a kept tenure does on the wire, whatever its kind: its renewal, its release, and
 what the database says became of it once it was lost.
 
-A tenure is a lease, a holder's permits of a semaphore (a ticket of kind ``permit``)
-or several names claimed together (a ticket with ``names``). The keeper renews every
-kind of a process with one statement per tick (:func:`renew_leases`), each only in the
-tenure its ticket holds (its fence), and a block, or
+A tenure is a lease, a holder's permits of a semaphore (a ticket of kind ``permit``),
+several names claimed together (a ticket with ``names``), or a member of a group (a
+ticket of kind ``member``: name the group, holder the member, fence its incarnation).
+The keeper renews every kind of a process with one statement per tick
+(:func:`renew_leases`), each only in the tenure its ticket holds (its fence), and a
+block, or
 the keeper for a collected or deferred one, gives it back with :func:`give_back`.
 Shared by :mod:`pylease._keeper_async`, :mod:`pylease.leasing_async` and
 :mod:`pylease.permits_async`.
@@ -22,8 +24,9 @@ from pylease._backend_async import AsyncBackend, AsyncReleaseOp
 from pylease._held import describe_loss
 from pylease._links_async import AsyncLink, AsyncSource
 from pylease._log import released as log_released
+from pylease._operations import Renewal
 from pylease._ticket import Ticket
-from pylease.errors import SchemaMissing
+from pylease.errors import InvalidArgument, SchemaMissing
 
 logger = logging.getLogger("pylease")
 
@@ -47,9 +50,10 @@ async def renew_leases(
     own clock, that clock), the last two None when not renewed.
     """
     fenced = source.key not in _unfenced
+    apart = source.key in _members_apart
 
     async def renew(b: AsyncBackend) -> list[Any]:
-        return await _renew(b, batch, fenced)
+        return await _renew(b, batch, fenced, apart)
 
     try:
         rows = await source.run(renew, name=name, retry=True, urgent=True)
@@ -63,15 +67,46 @@ async def renew_leases(
         )
         fenced = False
         rows = await source.run(renew, name=name, retry=True, urgent=True)
+    except InvalidArgument as exc:
+        # A schema before pylease-0015 knows no members in the keeper's renewal.
+        if apart or exc.parameter != "kinds" or all(t.kind != "member" for t in batch):
+            raise
+        _members_apart.add(source.key)
+        logger.warning(
+            "pylease: this schema renews members of groups apart from leases (run `pylease"
+            " migrate`: from pylease-0015 on, in the same statement); so it does until this"
+            " process ends"
+        )
+        apart = True
+        rows = await source.run(renew, name=name, retry=True, urgent=True)
     return _answers(batch, rows)
 
 
-# Sources whose schema predates pylease-0012 (no renewal that names its tenure).
+# Sources whose schema predates pylease-0012 (no renewal that names its tenure), and
+# those whose schema predates pylease-0015 (no members in the keeper's renewal).
 _unfenced: set[Hashable] = set()
+_members_apart: set[Hashable] = set()
 
 
-async def _renew(b: AsyncBackend, batch: Sequence[Ticket], fenced: bool) -> list[Any]:
-    """The statement of :func:`renew_leases`: one Renewal per element, in order."""
+async def _renew(
+    b: AsyncBackend, batch: Sequence[Ticket], fenced: bool, apart: bool = False
+) -> list[Any]:
+    """The statement of :func:`renew_leases`: one Renewal per element, in order. With
+    ``apart``, members are renewed by ``group_renew`` each, after that statement."""
+    if apart or not fenced:
+        members = [t for t in batch if t.kind == "member"]
+        if members:
+            others = [t for t in batch if t.kind != "member"]
+            rows = iter(await _renew(b, others, fenced) if others else [])
+            kept = {}
+            for t in members:
+                ok = await b.group_renew(t.name, t.holder, t.renew_ttl, t.fence)
+                kept[id(t)] = Renewal(t.name, ok, None, None)
+            return [
+                kept[id(t)] if t.kind == "member" else next(rows)
+                for t in batch
+                for _ in t.names or (t.name,)
+            ]
     kinds: list[str] = []
     names: list[str] = []
     holders: list[str] = []
@@ -104,7 +139,7 @@ def _answers(batch: Sequence[Ticket], rows: Sequence[Any]) -> list[tuple[Any, ..
             seconds = (r.expires_at - r.server_time).total_seconds()
             granted = seconds if granted is None else min(granted, seconds)
             out[i] = (name, True, granted, clock or r.server_time)
-        else:
+        elif not r.renewed:
             out[i] = (name, False, None, None)
     return out
 

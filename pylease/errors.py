@@ -60,6 +60,18 @@ class LeaseBusy(PyleaseError):
         super().__init__(f"lease {name!r} is held{by}{why}{after}", name=name)
 
 
+class MemberLive(LeaseBusy):
+    """That member name is live in the group: a member is one incarnation at a time."""
+
+    def __init__(self, grp: str, member: str) -> None:
+        super().__init__(grp, holder=member)
+        self.member = member
+        self.args = (
+            f"member {member!r} of group {grp!r} is live elsewhere (a member name is one"
+            " incarnation at a time: give each process a name of its own, or none)",
+        )
+
+
 class LeaseLost(PyleaseError):
     """The lease is no longer ours: released, expired and taken, or stolen."""
 

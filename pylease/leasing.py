@@ -107,7 +107,7 @@ class Lease:
         # with this holder would share the fence and be released under the first).
         _claims.enter_all(names, holder)
         try:
-            self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
+            self._link = link_ = self._make_link()
         except BaseException:
             _claims.leave_all(names, holder)
             raise
@@ -187,6 +187,10 @@ class Lease:
         finally:
             exit_deadline.reset(budget)
         finish(ticket, exc, released, trouble, cause)
+
+    def _make_link(self) -> Link:
+        """This block's way to its database."""
+        return link(self._target, heartbeat_target=self._heartbeat_target)
 
     def _names(self) -> tuple[str, ...]:
         """The names this block claims, for the claims of this process."""

@@ -112,7 +112,7 @@ class AsyncLease:
         # with this holder would share the fence and be released under the first).
         _claims.enter_all(names, holder)
         try:
-            self._link = link_ = link(self._target, heartbeat_target=self._heartbeat_target)
+            self._link = link_ = self._make_link()
         except BaseException:
             _claims.leave_all(names, holder)
             raise
@@ -217,6 +217,10 @@ class AsyncLease:
                     )
                 raise error from exc
         finish(ticket, exc, released, trouble, cause)
+
+    def _make_link(self) -> AsyncLink:
+        """This block's way to its database."""
+        return link(self._target, heartbeat_target=self._heartbeat_target)
 
     def _names(self) -> tuple[str, ...]:
         """The names this block claims, for the claims of this process."""

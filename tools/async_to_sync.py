@@ -61,6 +61,8 @@ PAIRS = [
     ("pylease/leadership_async.py", "pylease/leadership.py"),
     ("pylease/permits_async.py", "pylease/permits.py"),
     ("pylease/inspection_async.py", "pylease/inspection.py"),
+    ("pylease/membership_async.py", "pylease/membership.py"),
+    ("pylease/partitioning_async.py", "pylease/partitioning.py"),
     ("tests/api/test_keeper_async.py", "tests/api/test_keeper.py"),
     ("tests/api/test_lease_async.py", "tests/api/test_lease.py"),
     ("tests/api/test_waiting_async.py", "tests/api/test_waiting.py"),
@@ -72,6 +74,7 @@ PAIRS = [
     ("tests/api/test_permits_async.py", "tests/api/test_permits.py"),
     ("tests/api/test_readers_async.py", "tests/api/test_readers.py"),
     ("tests/api/test_lock_api_async.py", "tests/api/test_lock_api.py"),
+    ("tests/api/test_groups_async.py", "tests/api/test_groups.py"),
 ]
 
 NAMES = {
@@ -99,6 +102,14 @@ NAMES = {
     "AsyncNames": "Names",
     "AsyncLostCallback": "LostCallback",
     "AsyncTarget": "Target",
+    # groups and partitions
+    "membership_async": "membership",
+    "partitioning_async": "partitioning",
+    "agroup": "group",
+    "apartitions": "partitions",
+    "AsyncGroup": "Group",
+    "AsyncPartitions": "Partitions",
+    "AsyncBell": "Bell",
     # leader election
     "leadership_async": "leadership",
     "_standby_async": "_standby",

@@ -7,10 +7,10 @@ Errors are caught at the edge (:mod:`pylease.cli._edge`) and printed as one line
 The commands register on :data:`app` in the order a newcomer needs them.
 """
 
-from pylease.cli import _commands, _leader, _permits, _run, _views
+from pylease.cli import _commands, _groups, _leader, _permits, _run, _views
 from pylease.cli._app import app, main
 
 __all__ = ["app", "main"]
 
 # Imported for the commands they register on ``app``, in this order in --help.
-_COMMANDS = (_run, _commands, _views, _permits, _leader)
+_COMMANDS = (_run, _commands, _views, _permits, _groups, _leader)

@@ -52,6 +52,7 @@ ORDER = (
     "status",
     "holders",
     "permits",
+    "members",
     "history",
     "prune",
     "prune-history",

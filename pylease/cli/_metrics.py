@@ -6,8 +6,9 @@ labelled ``name``: one series per lease name and metric, so names made per tenan
 per job multiply them. A scrape is bounded: at most ``--max-names`` names (the first in
 name order), after ``--prefix`` (filtered by the database) and ``--names`` (shell-style
 patterns, filtered here); ``pylease_names_omitted`` says how many matching names were
-left out. Semaphores are cut the same way, apart from leases: ``--max-names`` of each
-at most.
+left out. Semaphores and groups are cut the same way, apart from leases: ``--max-names``
+of each at most. A group's series are labelled ``group`` (its members) and ``member``
+(the partitions each owns, read from the leases ``<grp>#<part>``).
 """
 
 from __future__ import annotations
@@ -41,9 +42,20 @@ class SemaphoreRow:
     releases: int
 
 
+@dataclass(frozen=True)
+class GroupSeries:
+    """A group's series: its live members, and the partitions each member owns (holds
+    the lease ``<grp>#<part>`` of), a member that owns none included."""
+
+    group: str
+    members: int
+    owned: dict[str, int]
+
+
+Row = PageRow | SemaphoreRow | GroupSeries
 # (the rows to report, how many matching names were left out, the database's clock);
 # raises when the database cannot answer.
-Reader = Callable[[], tuple[list[PageRow | SemaphoreRow], int, datetime]]
+Reader = Callable[[], tuple[list[Row], int, datetime]]
 OnError = Callable[[Exception], None]
 
 GAUGES = (
@@ -61,6 +73,13 @@ GAUGES = (
 PERMITS = (
     ("pylease_permits_in_use", "Permits of the semaphore held now (unexpired, not released)."),
     ("pylease_permits_max", "The semaphore's limit: at most this many permits held at once."),
+)
+GROUPS = (
+    ("pylease_group_members", "Live members of the group."),
+    (
+        "pylease_group_partitions_owned",
+        "Partitions of the group whose lease the member holds (label member).",
+    ),
 )
 COUNTERS = (
     ("pylease_grants", "New tenures: claims, takeovers and steals alike."),
@@ -117,6 +136,25 @@ def semaphore_rows(
     return rows, len(found) - len(kept)
 
 
+def group_rows(
+    backend: Any, prefix: str, names: Sequence[str], max_names: int
+) -> tuple[list[GroupSeries], int]:
+    """The groups to report (at most ``max_names``, the first by name), and how many
+    matching ones are left out of them."""
+    from pylease.cli._groups import groups, owned
+
+    keep = wanted(names)
+    found = [g for g in groups(backend, None, prefix) if keep(g.grp)]
+    kept = found[:max_names]
+    rows = []
+    for g in kept:
+        live = {m.member: 0 for m in backend.group_members(g.grp)}
+        for holder, parts in owned(backend, g.grp).items():
+            live[holder] = len(parts)
+        rows.append(GroupSeries(g.grp, g.members, live))
+    return rows, len(found) - len(kept)
+
+
 class LeaseCollector(Collector):
     """Reads the leases at every scrape; ``pylease_up`` says whether that worked."""
 
@@ -146,7 +184,20 @@ class LeaseCollector(Collector):
         leases = [row for row in rows if isinstance(row, PageRow)]
         yield from self._gauges(leases, now)
         yield from self._permits([row for row in rows if isinstance(row, SemaphoreRow)])
-        yield from self._counters(rows)
+        yield from self._groups([row for row in rows if isinstance(row, GroupSeries)])
+        yield from self._counters([row for row in rows if not isinstance(row, GroupSeries)])
+
+    @staticmethod
+    def _groups(rows: Iterable[GroupSeries]) -> Iterator[Metric]:
+        (key, doc), (owned_key, owned_doc) = GROUPS
+        members = GaugeMetricFamily(key, doc, labels=["group"])
+        owned = GaugeMetricFamily(owned_key, owned_doc, labels=["group", "member"])
+        for row in rows:
+            members.add_metric([row.group], row.members)
+            for member, count in sorted(row.owned.items()):
+                owned.add_metric([row.group, member], count)
+        yield members
+        yield owned
 
     @staticmethod
     def _permits(rows: Iterable[SemaphoreRow]) -> Iterator[Metric]:

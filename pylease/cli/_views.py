@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pylease._operations import LeaseRow, PageRow
-from pylease.cli import _render
+from pylease._operations import LeaseRow
+from pylease.cli import _groups, _render
 from pylease.cli._app import command
 from pylease.cli._database import Store, connect, find_store, server_now
 from pylease.cli._edge import EXIT_CONFIG, EXIT_USAGE, at_edge, fail, first_line, key, say
@@ -54,6 +54,8 @@ def status(
     STATE is held, resting (released with a min-hold that has not run out), released or
     expired (its holder died or stalled); a semaphore's is how many of its permits are
     held (3/4 held; `pylease permits NAME` lists them). AGE: held for, or free since.
+    Groups follow, apart: their live members, the partitions held, when the first
+    member expires (`pylease members GROUP` lists them).
     Fits the terminal: holders are shortened in the middle, names never (--wide: whole).
 
     Example: pylease status --json | jq '.[] | select(.state == "held")'
@@ -73,11 +75,12 @@ def status(
             return
         with connect(store, "pylease status") as (backend, conn):
             rows = _rows(backend, name, prefix)
+            found = _groups.group_lines(backend, name, prefix)
             now = server_now(store, conn)
         if as_json:
-            typer.echo(json.dumps([_json(r) for r in rows]))
+            typer.echo(json.dumps([*(_json(r) for r in rows), *(g.json() for g in found)]))
             return
-        typer.echo("\n".join(_status_lines(store, name, prefix, rows, now, wide)))
+        typer.echo("\n".join(_status_lines(store, name, prefix, rows, found, now, wide)))
 
 
 def _rows(backend: Any, name: str | None, prefix: str | None) -> list[LeaseRow | Semaphore]:
@@ -101,12 +104,16 @@ def _status_lines(
     name: str | None,
     prefix: str | None,
     rows: list[LeaseRow | Semaphore],
+    found: list[_groups.Group],
     now: datetime,
     wide: bool,
 ) -> list[str]:
     head = []
     if store.default_file is not None:
         head.append(f"leases in {store.default_file} (this user's default SQLite file)")
+    tail = _groups.status_lines(found, now, wide)
+    if not rows and tail:
+        return [*head, *tail[1:]]
     if not rows:
         if name:
             what = f"no lease named {name!r}"
@@ -115,7 +122,7 @@ def _status_lines(
         else:
             what = f"no leases yet in {store.shown}"
         return [*head, what]
-    return [*head, *_render.table(rows, now, width(wide))]
+    return [*head, *_render.table(rows, now, width(wide)), *tail]
 
 
 def _watch(store: Store, name: str | None, prefix: str | None, wide: bool) -> None:
@@ -137,7 +144,9 @@ def _watch(store: Store, name: str | None, prefix: str | None, wide: bool) -> No
 
             def draw() -> list[str]:
                 rows = _rows(backend, name, prefix)
-                return _status_lines(store, name, prefix, rows, server_now(store, conn), wide)
+                found = _groups.group_lines(backend, name, prefix)
+                now = server_now(store, conn)
+                return _status_lines(store, name, prefix, rows, found, now, wide)
 
             for frame in _render.watch_frames(draw, wake, sys.stdout.isatty()):
                 typer.echo(frame)
@@ -372,7 +381,8 @@ def metrics(
 ) -> None:
     """Leases as Prometheus metrics: held, seconds to expiry, fence, held for, and the
     grants, takeovers, steals and releases counters, each labelled with the lease name;
-    for a semaphore, the permits in use and its limit, and the same counters.
+    for a semaphore, the permits in use and its limit, and the same counters; for a
+    group, its live members and the partitions each member owns.
 
     Example: pylease metrics --listen 127.0.0.1:9464 --prefix report-
     """
@@ -391,16 +401,19 @@ def metrics(
                 EXIT_CONFIG,
             ) from None
 
-        def read() -> tuple[list[PageRow | _metrics.SemaphoreRow], int, datetime]:
+        def read() -> tuple[list[_metrics.Row], int, datetime]:
             with connect(store, "pylease metrics") as (backend, conn):
                 # With patterns, every name of the prefix: they filter before the cut.
                 rows = backend.status_page(prefix or "", None if names else max_names)
                 sems, sems_omitted = _metrics.semaphore_rows(
                     backend, prefix or "", names or (), max_names
                 )
+                grps, grps_omitted = _metrics.group_rows(
+                    backend, prefix or "", names or (), max_names
+                )
                 now = server_now(store, conn)
             kept, omitted = _metrics.select(rows, names or (), max_names)
-            return [*kept, *sems], omitted + sems_omitted, now
+            return [*kept, *sems, *grps], omitted + sems_omitted + grps_omitted, now
 
         if once:
             read()  # an error here is this command's own: loud, exit 3

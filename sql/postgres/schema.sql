@@ -2164,8 +2164,9 @@ COMMENT ON FUNCTION lease_release_all(text[], text, bigint[]) IS
 -- while it holds slot slots[i] with fence fences[i], and answers the earliest expiry
 -- of its slots; 'shared' renews the share of the reader holders[i] of the lease
 -- names[i] while its epoch is still the name's fence and is fences[i] (a reader's
--- tenure is its epoch). A NULL fences or slots (array or element) matches any tenure of the
--- holder. So a late renewal of an earlier tenure (sent before it expired and was
+-- tenure is its epoch); 'member' renews the member holders[i] of the group names[i], as
+-- group_renew does, while it is live with the incarnation fences[i] (0015). A NULL
+-- fences or slots (array or element) matches any tenure of the holder. So a late renewal of an earlier tenure (sent before it expired and was
 -- granted to the same holder again) renews nothing. Each at its own ttl (NULL: its
 -- last one). One element's loss or kind mismatch (a lease element of a semaphore's
 -- name) is that element's false, never an error of the others. Lease rows are locked
@@ -2185,6 +2186,8 @@ DECLARE
     p_exp timestamptz[];
     s_at  bigint[];
     s_exp timestamptz[];
+    m_at  bigint[];
+    m_exp timestamptz[];
 BEGIN
     IF pylease_renew_held.ttls IS NULL THEN
         RAISE EXCEPTION 'pylease: ttls must not be NULL' USING ERRCODE = '22023', COLUMN = 'ttls';
@@ -2201,9 +2204,9 @@ BEGIN
     IF pylease_renew_held.kinds IS NULL
        OR cardinality(pylease_renew_held.kinds) <> cardinality(pylease_renew_held.names)
        OR EXISTS (SELECT FROM unnest(pylease_renew_held.kinds) AS u(v)
-                   WHERE v IS NULL OR v NOT IN ('lease', 'shared', 'permit'))
+                   WHERE v IS NULL OR v NOT IN ('lease', 'shared', 'permit', 'member'))
     THEN
-        RAISE EXCEPTION 'pylease: kinds must hold ''lease'', ''shared'' or ''permit'' for each element of names'
+        RAISE EXCEPTION 'pylease: kinds must hold ''lease'', ''shared'', ''permit'' or ''member'' for each element of names'
             USING ERRCODE = '22023', COLUMN = 'kinds';
     END IF;
     IF cardinality(pylease_renew_held.fences) <> cardinality(pylease_renew_held.names) THEN
@@ -2339,6 +2342,38 @@ BEGIN
             ON r.name = w.n AND r.holder = w.h;
     END IF;
 
+    -- Members of groups, as group_renew: names[i] is the group, holders[i] the member,
+    -- fences[i] its incarnation (NULL: whichever is live). A member past its expiry is
+    -- not renewed: the others have counted it out, and it joins again.
+    IF 'member' = ANY (pylease_renew_held.kinds) THEN
+        WITH wanted AS (
+            SELECT u.n, u.h, u.t, pylease_renew_held.fences[u.i] AS f, u.i
+              FROM unnest(pylease_renew_held.kinds, pylease_renew_held.names,
+                          pylease_renew_held.holders, pylease_renew_held.ttls)
+                   WITH ORDINALITY AS u(k, n, h, t, i)
+             WHERE u.k = 'member'
+               AND CASE WHEN u.n IS NULL OR u.n = '' OR length(u.n) > 200
+                          OR u.h IS NULL OR u.h = '' OR length(u.h) > 200
+                          OR NOT isfinite(u.t) OR u.t <= interval '0' OR u.t > interval '366 days'
+                        THEN pylease_check_batch(pylease_renew_held.names, pylease_renew_held.holders,
+                                                 pylease_renew_held.ttls) IS NULL
+                        ELSE true END
+        ), renewed AS (
+            UPDATE pylease_members AS m
+               SET ttl        = coalesce(w.t, m.ttl),
+                   renewed_at = t_now,
+                   expires_at = greatest(m.expires_at, t_now + coalesce(w.t, m.ttl))
+              FROM wanted AS w
+             WHERE m.grp = w.n AND m.member = w.h AND m.expires_at > t_now
+               AND (w.f IS NULL OR m.incarnation = w.f)
+            RETURNING m.grp, m.member, m.incarnation, m.expires_at
+        )
+        SELECT array_agg(w.i), array_agg(r.expires_at) INTO m_at, m_exp
+          FROM wanted AS w
+          JOIN renewed AS r ON r.grp = w.n AND r.member = w.h
+                           AND (w.f IS NULL OR r.incarnation = w.f);
+    END IF;
+
     RETURN QUERY
     SELECT u.n, x.e IS NOT NULL, x.e, CASE WHEN x.e IS NOT NULL THEN t_now END
       FROM unnest(pylease_renew_held.names) WITH ORDINALITY AS u(n, i)
@@ -2347,6 +2382,8 @@ BEGIN
                  SELECT b.i, b.e FROM unnest(coalesce(p_at, '{}'), coalesce(p_exp, '{}')) AS b(i, e)
                  UNION ALL
                  SELECT c.i, c.e FROM unnest(coalesce(s_at, '{}'), coalesce(s_exp, '{}')) AS c(i, e)
+                 UNION ALL
+                 SELECT d.i, d.e FROM unnest(coalesce(m_at, '{}'), coalesce(m_exp, '{}')) AS d(i, e)
                 ) AS x ON x.i = u.i
      ORDER BY u.i;
 END
@@ -2368,7 +2405,7 @@ END;
 COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[]) IS
     'pylease (internal, the keeper''s): renew leases and permits of several holders in one statement, each at its own ttl.';
 COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigint[], integer[]) IS
-    'pylease (internal, the keeper''s): renew leases, readers'' shares and permits of several holders in one statement, each at its own ttl and in the tenure its fence names (a reader''s: its epoch).';
+    'pylease (internal, the keeper''s): renew leases, readers'' shares, permits and members of groups of several holders in one statement, each at its own ttl and in the tenure its fence names (a reader''s: its epoch; a member''s: its incarnation).';
 
 -- Readers ---------------------------------------------------------------------
 
@@ -2993,6 +3030,24 @@ COMMENT ON FUNCTION group_assignment(text, integer) IS
     'pylease: the assignment of partitions 0 .. partitions - 1 to the live members (bounded-load rendezvous hashing).';
 COMMENT ON FUNCTION pylease_assignment(text[], integer) IS
     'pylease (internal): the assignment of partitions to a set of members, as group_assignment gives it.';
+
+-- Every group ever joined (all when grp is NULL), ordered by name (by its bytes, as
+-- SQLite orders): its live members, the last incarnation it issued, and the earliest
+-- expiry of a live member (NULL when none is live).
+CREATE FUNCTION group_status(grp text DEFAULT NULL)
+RETURNS TABLE(grp text, members integer, incarnation bigint, expires_at timestamptz)
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT pylease_check_group($1) WHERE $1 IS NOT NULL;
+    SELECT g.grp, count(m.member)::integer, g.incarnation, min(m.expires_at)
+      FROM pylease_groups AS g
+      LEFT JOIN pylease_members AS m ON m.grp = g.grp AND m.expires_at > clock_timestamp()
+     WHERE $1 IS NULL OR g.grp = $1
+     GROUP BY g.grp, g.incarnation
+     ORDER BY g.grp COLLATE "C";
+$$;
+
+COMMENT ON FUNCTION group_status(text) IS
+    'pylease: every group ever joined (or one): live members, the last incarnation issued, the earliest expiry of a live member.';
 
 -- Privileges ------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from pylease._acompat import sleep, to_thread
 from tests.support import faultkit
 from tests.support.faultkit import BLACKHOLE, DROP, Fork, proxy
 from tests.support.leases import finished_within, join_workers, start_worker, wait_until
-from tests.support.safety_kit import Contender, Db, keep_sampling, leave, make_db
+from tests.support.safety_kit import Contender, Db, keep_sampling, leave
 from tests.support.witness import Witness
 
 BOUND = 30.0
@@ -51,12 +51,6 @@ MAX_FENCE = 2**63 - 1
 @pytest.fixture
 def w(tmp_path: Path) -> Witness:
     return Witness(tmp_path / "witness.jsonl")
-
-
-@pytest.fixture
-def pg(fresh_db: Any, pg_template: str, tmp_path: Path) -> Iterator[Db]:
-    with make_db("postgres", lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from pylease._acompat import AEvent, asleep, ato_thread
 from tests.support import faultkit
 from tests.support.faultkit import BLACKHOLE, DROP, Fork, proxy
 from tests.support.leases import afinished_within, ajoin_workers, asleep_until, astart_worker
-from tests.support.safety_kit import Contender, Db, akeep_sampling, aleave, make_db
+from tests.support.safety_kit import Contender, Db, akeep_sampling, aleave
 from tests.support.witness import Witness
 
 BOUND = 30.0
@@ -51,12 +51,6 @@ MAX_FENCE = 2**63 - 1
 @pytest.fixture
 def w(tmp_path: Path) -> Witness:
     return Witness(tmp_path / "witness.jsonl")
-
-
-@pytest.fixture
-def pg(fresh_db: Any, pg_template: str, tmp_path: Path) -> Iterator[Db]:
-    with make_db("postgres", lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 @contextlib.asynccontextmanager

@@ -9,9 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from pylease import LeaseLost
 from tests.support import faultkit
 from tests.support.faultkit import BLACKHOLE, DROP, Fork, proxy
-from tests.support.safety_kit import Db, make_db
+from tests.support.safety_kit import Db
 from tests.support.witness import Witness
 
 BOUND = 30.0
@@ -28,12 +26,6 @@ BOUND = 30.0
 @pytest.fixture
 def w(tmp_path: Path) -> Witness:
     return Witness(tmp_path / "witness.jsonl")
-
-
-@pytest.fixture
-def pg(fresh_db: Any, pg_template: str, tmp_path: Path) -> Iterator[Db]:
-    with make_db("postgres", lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 def test_the_witness_catches_a_belief_after_a_grant(w: Witness) -> None:

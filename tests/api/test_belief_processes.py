@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import pytest
 from pylease import lease
 from tests.support import faultkit
 from tests.support.faultkit import BLACKHOLE, DELAY, Fork, proxy
-from tests.support.safety_kit import Contender, Db, make_db
+from tests.support.safety_kit import Contender, Db
 from tests.support.witness import Witness
 
 BOUND = 30.0
@@ -34,12 +33,6 @@ BOUND = 30.0
 @pytest.fixture
 def w(tmp_path: Path) -> Witness:
     return Witness(tmp_path / "witness.jsonl")
-
-
-@pytest.fixture
-def pg(fresh_db: Any, pg_template: str, tmp_path: Path) -> Iterator[Db]:
-    with make_db("postgres", lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 # 2. Fork --------------------------------------------------------------------------

@@ -21,14 +21,14 @@ import multiprocessing
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.faultkit import BLACKHOLE, FORWARD, Proxy, proxy
-from tests.support.safety_kit import Db, make_db
+from tests.support.safety_kit import Db
 from tests.support.witness import Witness
 
 NAME = "exports"
@@ -47,12 +47,6 @@ FAULTY_HOLD = 0.05  # shorter: more grants in the run
 KEPT = 2  # a body told it stays in its block
 # `make soak`: rounds under faults until this many grants were judged (0: no soak).
 SOAK_GRANTS = int(os.environ.get("PYLEASE_SOAK_GRANTS", "0"))
-
-
-@pytest.fixture
-def pg(fresh_db: Any, pg_template: str, tmp_path: Path) -> Iterator[Db]:
-    with make_db("postgres", lambda: fresh_db(pg_template), tmp_path) as made:
-        yield made
 
 
 def hammer(

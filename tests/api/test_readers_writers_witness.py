@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from pylease import LeaseBusy, LeaseLost, lease
 from tests.api.test_permits_witness import KEPT, Fleet, faults_while_hammering
 from tests.support.faultkit import proxy
@@ -146,10 +144,9 @@ def test_a_writer_never_believes_while_anyone_else_does(db: Db, tmp_path: Path) 
 
 
 def test_a_writer_never_believes_beside_anyone_under_sigkill_and_a_black_hole(
-    db: Db, tmp_path: Path
+    pg: Db, tmp_path: Path
 ) -> None:
-    if db.kind != "postgres":
-        pytest.skip("the fault proxy stands between a process and PostgreSQL")
+    db = pg  # the fault proxy stands between a process and PostgreSQL alone
     witness = Witness(tmp_path / "witness.jsonl")
     seed = random.randrange(2**32)
     witness.note("seed", NAME, seed=seed)

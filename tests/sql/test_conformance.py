@@ -1609,6 +1609,22 @@ SCENARIOS += [
         ],
     ),
     (
+        "group: group_status lists every group ever joined, with its live members",
+        [
+            ("group_status", (), []),
+            ("group_join", ("g", "a", LONG), 1),
+            ("group_join", ("g", "b", SHORT), 2),
+            ("group_join", ("f", "a", SHORT), 1),
+            ("group_status", (), [("f", 1, 1, True), ("g", 2, 2, True)]),
+            sleep_past_short(),
+            ("group_status", (), [("f", 0, 1, False), ("g", 1, 2, True)]),
+            ("group_leave", ("g", "a"), True),
+            ("group_status", ("g",), [("g", 0, 2, False)]),
+            ("group_status", ("nobody",), []),
+            ("group_status", ("",), Raises("pylease: grp must not be empty")),
+        ],
+    ),
+    (
         "group: bad arguments raise, naming the parameter, and store nothing",
         [
             ("group_join", (None, "a", LONG), Raises("pylease: grp must not be NULL")),
@@ -1936,6 +1952,9 @@ def _call(backend: Backend, operation: str, args: tuple[Any, ...]) -> Any:
         return [(r.name, r.holder, r.mode, r.slot, r.fence) for r in result]
     if operation == "group_members":
         return [(r.member, r.incarnation, r.data) for r in result]
+    if operation == "group_status":
+        # (group, live members, last incarnation, whether a member is live to expire)
+        return [(r.grp, r.members, r.incarnation, r.expires_at is not None) for r in result]
     if operation == "status_page":
         return [(r.name, r.holder, r.fence, r.held, r.grants, r.matching) for r in result]
     if operation == "renew_each":
@@ -2085,6 +2104,42 @@ def test_the_keepers_renewal_covers_every_kind_and_one_loss_fails_no_other(
     assert backend.renew_held([], [], [], []) == []
     with pytest.raises(InvalidArgument, match="kinds"):
         backend.renew_held(["semaphore"], ["a"], ["h1"], [None])
+
+
+def test_the_keepers_renewal_takes_members_of_groups_beside_leases(backend: Backend) -> None:
+    """renew_held with kind 'member' (0015): a member of a group (name: the group, holder:
+    the member, fence: its incarnation) renewed as group_renew does, in the statement
+    that renews leases; an earlier incarnation, an expired member and a member of
+    another group are that element's False."""
+    assert backend.claim("g#0", LONG, "m1") is not None
+    first = backend.group_join("g", "m1", SHORT)
+    assert first is not None
+    assert backend.group_join("g", "gone", SHORT) is not None
+    time.sleep(PAST_SHORT)
+    again = backend.group_join("g", "m1", SHORT)  # expired: a new incarnation
+    assert again is not None and again > first
+    rows = backend.renew_held(
+        ["lease", "member", "member", "member", "member"],
+        ["g#0", "g", "g", "g", "other"],
+        ["m1", "m1", "m1", "gone", "m1"],
+        [LONG, LONG, LONG, LONG, LONG],
+        [None, again, first, None, None],
+        [None, None, None, None, None],
+    )
+    assert [(r.name, r.renewed) for r in rows] == [
+        ("g#0", True),
+        ("g", True),
+        ("g", False),  # an earlier incarnation
+        ("g", False),  # expired: it joins again, never renewed
+        ("other", False),
+    ]
+    member = rows[1]
+    assert member.expires_at is not None and member.server_time is not None
+    assert member.expires_at - member.server_time >= LONG - timedelta(milliseconds=5)
+    [row] = [r for r in backend.group_members("g") if r.member == "m1"]
+    assert row.incarnation == again
+    assert abs((row.expires_at - member.expires_at).total_seconds()) < 0.002
+    assert [r.member for r in backend.group_members("g")] == ["m1"]
 
 
 def test_the_keepers_renewal_renews_only_the_tenure_it_names(backend: Backend) -> None:

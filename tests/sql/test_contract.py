@@ -188,6 +188,11 @@ GROUP_SIGNATURES = {
     ),
     "member_holds": ("grp text, member text, incarnation bigint", "boolean"),
     "group_assignment": ("grp text, partitions integer", "TABLE(part integer, member text)"),
+    # 0015: the groups for operators (not in the contract's table; status and metrics).
+    "group_status": (
+        "grp text DEFAULT NULL::text",
+        "TABLE(grp text, members integer, incarnation bigint, expires_at timestamp with time zone)",
+    ),
 }
 # Overloads, beside the signature above: another number of arguments, no DEFAULT
 # that would make a shorter call ambiguous.

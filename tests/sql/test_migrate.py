@@ -38,6 +38,7 @@ IDS = [
     "pylease-0012-tenure-renewals",
     "pylease-0013-shared",
     "pylease-0014-fenced-releases",
+    "pylease-0015-groups-kept",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

@@ -37,6 +37,7 @@ MIGRATIONS = [
     "pylease-0012-tenure-renewals",
     "pylease-0013-shared",
     "pylease-0014-fenced-releases",
+    "pylease-0015-groups-kept",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -71,6 +72,7 @@ FUNCTIONS = (
     "group_members",
     "member_holds",
     "group_assignment",
+    "group_status",
     "lease_claim_shared",
     "lease_holders",
     # Internal (not in the contract), called by the keeper as the application's role,
