@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from pylease import durations
+from pylease._checks import MAX_GROUP_LENGTH
 from pylease._operations import GroupRow, MemberRow
 from pylease.cli import _render
 from pylease.cli._app import command
@@ -43,6 +44,8 @@ def owned(backend: Any, grp: str) -> dict[str, list[int]]:
 def groups(backend: Any, name: str | None = None, prefix: str | None = None) -> list[GroupRow]:
     """The groups ever joined (``name``'s alone; those whose name starts with ``prefix``);
     none on a schema before pylease-0015 (groups are listed from it on)."""
+    if name is not None and len(name) > MAX_GROUP_LENGTH:
+        return []  # a lease's name, longer than any group's
     try:
         rows: list[GroupRow] = backend.group_status(name)
     except SchemaMissing:
