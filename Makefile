@@ -64,7 +64,7 @@ model-check-deep:
 SOAK_GRANTS ?= 2000
 soak: venv
 	PYLEASE_SOAK_GRANTS=$(SOAK_GRANTS) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
-		tests/api/test_permits_witness.py -k soak
+		tests/soak
 
 test: deps model-check lint typecheck docs pytest
 

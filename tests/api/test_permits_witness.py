@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.support.faultkit import BLACKHOLE, FORWARD, Proxy, proxy
 from tests.support.safety_kit import Db
@@ -45,8 +42,6 @@ FAULT_EVERY = (0.6, 1.6)
 BLACKHOLE_FOR = 2.5 * TTL
 FAULTY_HOLD = 0.05  # shorter: more grants in the run
 KEPT = 2  # a body told it stays in its block
-# `make soak`: rounds under faults until this many grants were judged (0: no soak).
-SOAK_GRANTS = int(os.environ.get("PYLEASE_SOAK_GRANTS", "0"))
 
 
 def hammer(
@@ -289,15 +284,3 @@ def test_sigkill_and_a_blackholed_network_never_make_more_believers_than_permits
     pg: Db, tmp_path: Path
 ) -> None:
     faulty_round(pg, Witness(tmp_path / "witness.jsonl"))
-
-
-@pytest.mark.skipif(not SOAK_GRANTS, reason="a soak: `make soak` (PYLEASE_SOAK_GRANTS)")
-@pytest.mark.timeout(3600)
-def test_soak_rounds_under_faults_until_enough_grants(pg: Db, tmp_path: Path) -> None:
-    """Rounds of the test above, each judged on its own, until the fleet made
-    PYLEASE_SOAK_GRANTS grants in all (issue 24 asks for 2,000)."""
-    total = rounds = 0
-    while total < SOAK_GRANTS:
-        total += faulty_round(pg, Witness(tmp_path / f"witness-{rounds}.jsonl"))
-        rounds += 1
-        print(f"soak: round {rounds}, {total} grants so far, every round sound")

@@ -397,6 +397,8 @@ def test_async_failover_tells_the_old_holder_it_lost(async_pair: Pair) -> None:
         wait_until(lambda: held.lost, what="the keeper to report the lease lost")
         with pytest.raises(LeaseLost):
             held.check()
+        # on_lost runs after the loss is visible to the block, on a thread of its own.
+        wait_until(lambda: lost, what="on_lost to be called")
         assert len(lost) == 1 and "no longer ours" in lost[0].reason, lost
     assert "keeper" not in rows_by_name(async_pair.standby.url)
 
