@@ -32,8 +32,11 @@ CLAIM_COUNTERS = re.compile(
     r",\s*grants\s*=\s*l\.grants \+ 1,\s*takeovers\s*=\s*l\.takeovers \+ CASE WHEN s_freed"
     r" THEN 0 ELSE 1 END"
 )
-# lease_claim's three arguments: the body's new_tenure is false for it.
-CLAIM_ARGS = ("new_tenure boolean)", "new_tenure boolean DEFAULT false)")
+# lease_claim's three arguments: the body's new_tenure is false for it, its data NULL.
+CLAIM_ARGS = (
+    "new_tenure boolean, data jsonb)",
+    "new_tenure boolean DEFAULT false, data jsonb DEFAULT NULL)",
+)
 RELEASE_COUNTERS = re.compile(r",\s*releases\s*=\s*l\.releases \+ 1")
 # The guards the contract asks of every function, taken out for the "bare" copies: the
 # pinned search_path of SECURITY DEFINER, the claim's bounded wait for a fenced
@@ -120,7 +123,7 @@ def install_variants(conn: psycopg.Connection[Any]) -> None:
     lease_claim's body is pylease_claim (migration 0012; lease_claim is an SQL function
     inlined into its caller's statement): its copies take lease_claim's three arguments.
     """
-    claim = _definition(conn, "pylease_claim(text, interval, text, boolean)")
+    claim = _definition(conn, "pylease_claim(text, interval, text, boolean, jsonb)")
     release = _definition(conn, "lease_release(text, text, interval)")
     for text in (
         _variant(claim, "pylease_claim", "bench_claim_nofloor", [CLAIM_ARGS, (FLOOR_EXPR, "1")]),

@@ -222,8 +222,10 @@ def test_on_a_schema_before_0015_members_are_renewed_beside_the_statement(
 ) -> None:
     """Before migration 0015 the keeper's statement knows no members: the keeper renews
     them by group_renew beside it (and says so once), and the leases still renew."""
-    undo = ROOT / "migrations" / "postgres" / "pylease-0015-groups-kept.rollback.sql"
-    conn.execute(undo.read_text(encoding="utf-8"))
+    # Back to 0014: 0015's rollback and those of every later migration, latest first.
+    later = sorted((ROOT / "migrations" / "postgres").glob("pylease-*.rollback.sql"))
+    for undo in reversed([u for u in later if u.name >= "pylease-0015"]):
+        conn.execute(undo.read_text(encoding="utf-8"))
     ttl = 1.5
     with group(dsn, GRP, member="a", ttl=ttl) as m, lease(dsn, "beside", ttl=ttl) as held:
         sleep(3 * ttl)

@@ -186,7 +186,8 @@ def test_a_claim_is_the_one_body_inlined_into_the_callers_statement(
     assert plan is not None
     output = plan[0][0]["Plan"]["Output"]
     assert output == [
-        f"pylease_claim('job'::text, '01:00:00'::interval, 'h'::text, {str(new_tenure).lower()})"
+        f"pylease_claim('job'::text, '01:00:00'::interval, 'h'::text, {str(new_tenure).lower()},"
+        " NULL::jsonb)"
     ]
     conn.execute("SET track_functions = 'pl'")
     assert one(conn, f"SELECT {claim}('job', '1 hour', 'h')") == 1  # type: ignore[arg-type]
