@@ -127,10 +127,16 @@ CREATE TABLE pylease_fence_floors (
 COMMENT ON TABLE pylease_fence_floors IS
     'pylease: per bucket of names, the highest fence a pruned name had; written only by lease_prune.';
 
+-- The ids of readers' shares: each new share draws one, so that a release or a
+-- renewal of an earlier share of the same holder (a reused holder) names another id.
+-- An integer, as the keeper's slots element that carries it; it cycles, and an id
+-- comes back only after 2^31 shares more (and a share is named by its epoch too).
+CREATE SEQUENCE pylease_share_ids AS integer CYCLE;
+
 -- One row per reader of a lease name: it holds while its epoch is still the name's
--- fence (no exclusive grant since) and it is unexpired. A release deletes the row;
--- an exclusive grant deletes the rows of the name (their readers are over), and a
--- reader's release a few expired ones.
+-- fence (no exclusive grant since) and it is unexpired; share is its tenure's id. A
+-- release deletes the row; an exclusive grant deletes the rows of the name (their
+-- readers are over), and a reader's release a few expired ones.
 CREATE TABLE pylease_shared (
     name        text        NOT NULL,
     holder      text        NOT NULL CHECK (length(holder) BETWEEN 1 AND 200),
@@ -139,6 +145,7 @@ CREATE TABLE pylease_shared (
     acquired_at timestamptz NOT NULL,
     renewed_at  timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
+    share       integer     NOT NULL DEFAULT nextval('pylease_share_ids'),
     PRIMARY KEY (name, holder)
 ) WITH (fillfactor = 50);
 
@@ -2229,8 +2236,8 @@ COMMENT ON FUNCTION lease_release_all(text[], text, bigint[]) IS
 -- the semaphore names[i] that holders[i] holds, all or nothing as permit_renew does,
 -- while it holds slot slots[i] with fence fences[i], and answers the earliest expiry
 -- of its slots; 'shared' renews the share of the reader holders[i] of the lease
--- names[i] while its epoch is still the name's fence and is fences[i] (a reader's
--- tenure is its epoch); 'member' renews the member holders[i] of the group names[i], as
+-- names[i] while its epoch is still the name's fence and is fences[i], and its share's
+-- id is slots[i] (a reader's tenure: 0018); 'member' renews the member holders[i] of the group names[i], as
 -- group_renew does, while it is live with the incarnation fences[i] (0015). A NULL
 -- fences or slots (array or element) matches any tenure of the holder. So a late renewal of an earlier tenure (sent before it expired and was
 -- granted to the same holder again) renews nothing. Each at its own ttl (NULL: its
@@ -2335,10 +2342,11 @@ BEGIN
     END IF;
 
     -- Readers, as lease_renew: while their epoch is still the name's fence, and is
-    -- fences[i] (a reader's tenure is its epoch).
+    -- fences[i], and their share is slots[i] (the share's id: its tenure, 0018).
     IF 'shared' = ANY (pylease_renew_held.kinds) THEN
         WITH wanted AS (
-            SELECT u.n, u.h, u.t, pylease_renew_held.fences[u.i] AS f, u.i
+            SELECT u.n, u.h, u.t, pylease_renew_held.fences[u.i] AS f,
+                   pylease_renew_held.slots[u.i] AS p, u.i
               FROM unnest(pylease_renew_held.kinds, pylease_renew_held.names,
                           pylease_renew_held.holders, pylease_renew_held.ttls)
                    WITH ORDINALITY AS u(k, n, h, t, i)
@@ -2356,7 +2364,7 @@ BEGIN
                    expires_at = greatest(s.expires_at, t_now + coalesce(w.t, s.ttl))
               FROM wanted AS w, pylease_leases AS l
              WHERE s.name = w.n AND s.holder = w.h AND l.name = w.n AND s.epoch = l.fence
-               AND (w.f IS NULL OR s.epoch = w.f)
+               AND (w.f IS NULL OR s.epoch = w.f) AND (w.p IS NULL OR s.share = w.p)
             RETURNING s.name, s.holder, s.expires_at
         )
         SELECT array_agg(w.i), array_agg(r.expires_at) INTO s_at, s_exp
@@ -2480,13 +2488,20 @@ COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigin
 
 -- Readers ---------------------------------------------------------------------
 
--- Claim a share of a lease (a reader): the epoch when granted (the fence of the
--- name's latest exclusive grant, 0 if none), NULL when an exclusive holder holds the
--- name or a writer waits in the queue of waiting processes. A busy claim is answered
--- by one read (no row lock, no WAL). A grant locks the lease row FOR KEY SHARE and
--- writes only the reader's own row, so readers never wait for each other; a claim
--- again by a reader of this epoch extends its share (never earlier).
-CREATE FUNCTION lease_claim_shared(name text, ttl interval, holder text) RETURNS bigint
+-- The one body of a reader's claim, lease_claim_shared's and the Python API's: (the
+-- epoch, the share's id) when granted (the epoch: the fence of the name's latest
+-- exclusive grant, 0 if none), NULLs when an exclusive holder holds the name or a writer
+-- waits in the queue of waiting processes. A busy claim is answered by one read (no row
+-- lock, no WAL). A grant locks the lease row FOR KEY SHARE and writes only the reader's
+-- own row, so readers never wait for each other. new_tenure false (lease_claim_shared):
+-- a claim again by a reader of this epoch continues its share (its id, never an earlier
+-- expiry: a retried claim whose reply was lost). new_tenure true (for a holder the
+-- caller chose): busy while this holder's share of the epoch is unexpired (another
+-- process, or an earlier block whose release is still on its way, uses this holder);
+-- else a new share with an id of its own, which that earlier block's late release or
+-- renewal does not name. Internal, not part of the contract.
+CREATE FUNCTION pylease_claim_shared(name text, ttl interval, holder text, new_tenure boolean,
+                                     OUT epoch bigint, OUT share integer)
 -- Waits at most lock_timeout for the lease row (an exclusive grant under way, or the
 -- exclusive holder's renewal), then counts as busy.
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
@@ -2499,19 +2514,24 @@ DECLARE
     s_expires timestamptz;
     s_mine    boolean;
     s_queued  boolean;
+    s_share   integer;
     history   text;
 BEGIN
-    IF lease_claim_shared.name IS NULL OR lease_claim_shared.name = ''
-       OR length(lease_claim_shared.name) > 200
-       OR lease_claim_shared.ttl IS NULL OR NOT isfinite(lease_claim_shared.ttl)
-       OR lease_claim_shared.ttl <= interval '0' OR lease_claim_shared.ttl > interval '366 days'
-       OR lease_claim_shared.holder IS NULL OR lease_claim_shared.holder = ''
-       OR length(lease_claim_shared.holder) > 200
+    IF pylease_claim_shared.name IS NULL OR pylease_claim_shared.name = ''
+       OR length(pylease_claim_shared.name) > 200
+       OR pylease_claim_shared.ttl IS NULL OR NOT isfinite(pylease_claim_shared.ttl)
+       OR pylease_claim_shared.ttl <= interval '0' OR pylease_claim_shared.ttl > interval '366 days'
+       OR pylease_claim_shared.holder IS NULL OR pylease_claim_shared.holder = ''
+       OR length(pylease_claim_shared.holder) > 200 OR pylease_claim_shared.new_tenure IS NULL
        OR current_setting('transaction_read_only') = 'on'
     THEN
-        PERFORM pylease_check_key('name', lease_claim_shared.name);
-        PERFORM pylease_check_ttl('ttl', lease_claim_shared.ttl);
-        PERFORM pylease_check_key('holder', lease_claim_shared.holder);
+        PERFORM pylease_check_key('name', pylease_claim_shared.name);
+        PERFORM pylease_check_ttl('ttl', pylease_claim_shared.ttl);
+        PERFORM pylease_check_key('holder', pylease_claim_shared.holder);
+        IF pylease_claim_shared.new_tenure IS NULL THEN
+            RAISE EXCEPTION 'pylease: new_tenure must not be NULL'
+                USING ERRCODE = '22023', COLUMN = 'new_tenure';
+        END IF;
         IF pg_is_in_recovery() THEN
             PERFORM pylease_refuse_standby('lease_claim_shared');
         END IF;
@@ -2522,27 +2542,30 @@ BEGIN
         -- Busy, decided by one read (no row lock, no WAL): an exclusive holder whose
         -- lease is unexpired (or resting after a min_hold release), or a writer
         -- waiting in the queue of waiting processes (writer preference), unless this
-        -- holder reads the name already (a retried claim).
+        -- holder reads the name already (a retried claim); for a new tenure, this
+        -- holder's unexpired share of the epoch too.
         SELECT l.holder, l.fence, l.released, l.expires_at,
                EXISTS (SELECT FROM pylease_shared AS s
-                        WHERE s.name = l.name AND s.holder = lease_claim_shared.holder
-                          AND s.epoch = l.fence),
+                        WHERE s.name = l.name AND s.holder = pylease_claim_shared.holder
+                          AND s.epoch = l.fence
+                          AND (NOT pylease_claim_shared.new_tenure OR s.expires_at > t_now)),
                EXISTS (SELECT FROM pylease_waiters AS w
                         WHERE w.name = l.name AND w.expires_at > t_now)
           INTO s_holder, s_fence, s_freed, s_expires, s_mine, s_queued
           FROM pylease_leases AS l
-         WHERE l.name = lease_claim_shared.name;
+         WHERE l.name = pylease_claim_shared.name;
         IF NOT FOUND THEN
             -- The name's first claim: a row for readers to lock (no holder; its fence
             -- the floor, pylease_register_lease); a conflict: another first claim made it.
             INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
                                              expires_at, released)
-            VALUES (lease_claim_shared.name, NULL, 0, lease_claim_shared.ttl, t_now, t_now, t_now,
-                    true)
+            VALUES (pylease_claim_shared.name, NULL, 0, pylease_claim_shared.ttl, t_now, t_now,
+                    t_now, true)
             ON CONFLICT DO NOTHING;
             CONTINUE;
-        ELSIF s_expires > t_now OR (s_queued AND NOT s_mine) THEN
-            RETURN NULL;
+        ELSIF s_expires > t_now OR (s_queued AND NOT s_mine)
+              OR (s_mine AND pylease_claim_shared.new_tenure) THEN
+            RETURN;
         END IF;
 
         IF current_setting('statement_timeout') <> '0' THEN
@@ -2556,7 +2579,7 @@ BEGIN
             SELECT l.holder, l.fence, l.released, l.expires_at
               INTO s_holder, s_fence, s_freed, s_expires
               FROM pylease_leases AS l
-             WHERE l.name = lease_claim_shared.name
+             WHERE l.name = pylease_claim_shared.name
                FOR KEY SHARE;
             IF NOT FOUND THEN
                 RAISE EXCEPTION USING ERRCODE = 'PLAGN';  -- pruned meanwhile
@@ -2570,38 +2593,49 @@ BEGIN
                 UPDATE pylease_leases AS l
                    SET released  = true,
                        takeovers = l.takeovers + 1
-                 WHERE l.name = lease_claim_shared.name AND l.fence = s_fence AND NOT l.released
-                   AND l.expires_at <= t_now;
+                 WHERE l.name = pylease_claim_shared.name AND l.fence = s_fence
+                   AND NOT l.released AND l.expires_at <= t_now;
                 IF NOT FOUND THEN
                     RAISE EXCEPTION USING ERRCODE = 'PLAGN';
                 END IF;
                 history := current_setting('pylease.history', true);
                 IF history IS NULL OR history IN ('', 'rare', 'all') THEN
                     INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
-                    VALUES (t_now, lease_claim_shared.name, 'taken_over', lease_claim_shared.holder,
-                            s_fence, s_holder);
+                    VALUES (t_now, pylease_claim_shared.name, 'taken_over',
+                            pylease_claim_shared.holder, s_fence, s_holder);
                 ELSIF history <> 'none' THEN
                     PERFORM pylease_refuse_history(history);
                 END IF;
             END IF;
-            -- A retried claim of this epoch keeps its acquired_at and never moves its
-            -- expiry earlier; a row of an earlier epoch is a share that was lost.
+            -- A retried claim of this epoch keeps its share (its id and acquired_at)
+            -- and never moves its expiry earlier; a row of an earlier epoch is a share
+            -- that was lost, and a new tenure's is a new share (the id the insert drew).
+            -- A new tenure's claim that meets this holder's unexpired share of the epoch
+            -- (another claim of it committed meanwhile) changes nothing and is busy.
             INSERT INTO pylease_shared AS s (name, holder, epoch, ttl, acquired_at, renewed_at,
                                              expires_at)
-            VALUES (lease_claim_shared.name, lease_claim_shared.holder, s_fence,
-                    lease_claim_shared.ttl, t_now, t_now, t_now + lease_claim_shared.ttl)
+            VALUES (pylease_claim_shared.name, pylease_claim_shared.holder, s_fence,
+                    pylease_claim_shared.ttl, t_now, t_now, t_now + pylease_claim_shared.ttl)
             ON CONFLICT (name, holder) DO UPDATE
-               SET acquired_at = CASE WHEN s.epoch = excluded.epoch THEN s.acquired_at
-                                      ELSE excluded.acquired_at END,
-                   expires_at  = CASE WHEN s.epoch = excluded.epoch
+               SET acquired_at = CASE WHEN s.epoch = excluded.epoch AND NOT pylease_claim_shared.new_tenure
+                                      THEN s.acquired_at ELSE excluded.acquired_at END,
+                   expires_at  = CASE WHEN s.epoch = excluded.epoch AND NOT pylease_claim_shared.new_tenure
                                       THEN greatest(s.expires_at, excluded.expires_at)
                                       ELSE excluded.expires_at END,
+                   share       = CASE WHEN s.epoch = excluded.epoch AND NOT pylease_claim_shared.new_tenure
+                                      THEN s.share ELSE excluded.share END,
                    epoch       = excluded.epoch,
                    ttl         = excluded.ttl,
-                   renewed_at  = excluded.renewed_at;
+                   renewed_at  = excluded.renewed_at
+             WHERE NOT (pylease_claim_shared.new_tenure AND s.epoch = excluded.epoch
+                        AND s.expires_at > t_now)
+            RETURNING s.share INTO s_share;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+            END IF;
         EXCEPTION
             WHEN lock_not_available OR SQLSTATE 'PLBSY' THEN
-                RETURN NULL;
+                RETURN;
             WHEN SQLSTATE 'PLAGN' THEN
                 CONTINUE;  -- the row changed since it was read: decide again
         END;
@@ -2609,22 +2643,33 @@ BEGIN
             history := current_setting('pylease.history', true);
             IF history = 'all' THEN
                 INSERT INTO pylease_events (at, name, event, holder, fence)
-                VALUES (t_now, lease_claim_shared.name, 'claimed', lease_claim_shared.holder,
+                VALUES (t_now, pylease_claim_shared.name, 'claimed', pylease_claim_shared.holder,
                         s_fence);
             ELSIF history IS NOT NULL AND history NOT IN ('', 'rare', 'none') THEN
                 PERFORM pylease_refuse_history(history);
             END IF;
         END IF;
-        RETURN s_fence;
+        epoch := s_fence;
+        share := s_share;
+        RETURN;
     END LOOP;
 END
 $$;
 
+-- Claim a share of a lease (a reader), as pylease_claim_shared continuing a share of
+-- this holder: the epoch when granted, NULL when busy (an SQL function inlined into
+-- its caller's statement).
+CREATE FUNCTION lease_claim_shared(name text, ttl interval, holder text) RETURNS bigint
+LANGUAGE sql
+RETURN (SELECT c.epoch FROM pylease_claim_shared(lease_claim_shared.name, lease_claim_shared.ttl,
+                                                 lease_claim_shared.holder, false) AS c);
+
 -- A reader's release, for lease_release once no exclusive tenure of the holder was
--- found: its share (of this epoch, when given) is deleted; true when it was still
--- its own (no exclusive grant since its epoch). NOTIFY pylease when it was the last
--- reader, or while a writer waits.
-CREATE FUNCTION pylease_release_shared(lease text, reader text, epoch bigint) RETURNS boolean
+-- found, and for pylease_release_share: its share (of this epoch, and with this id,
+-- when given) is deleted; true when it was still its own (no exclusive grant since its
+-- epoch). NOTIFY pylease when it was the last reader, or while a writer waits.
+CREATE FUNCTION pylease_release_shared(lease text, reader text, epoch bigint, share integer)
+RETURNS boolean
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     t_now   timestamptz := clock_timestamp();
@@ -2635,6 +2680,7 @@ BEGIN
     DELETE FROM pylease_shared AS s
      WHERE s.name = lease AND s.holder = reader
        AND (pylease_release_shared.epoch IS NULL OR s.epoch = pylease_release_shared.epoch)
+       AND (pylease_release_shared.share IS NULL OR s.share = pylease_release_shared.share)
     RETURNING s.epoch INTO s_epoch;
     IF NOT FOUND THEN
         RETURN false;
@@ -2669,6 +2715,47 @@ BEGIN
 END
 $$;
 
+-- As above, whatever the share's id (lease_release's).
+CREATE FUNCTION pylease_release_shared(lease text, reader text, epoch bigint) RETURNS boolean
+LANGUAGE sql
+RETURN pylease_release_shared(lease, reader, epoch, NULL::integer);
+
+-- Give back one share (a reader's tenure), named by its epoch and its id, as
+-- pylease_claim_shared answered them: a late release of an earlier share of the same
+-- holder then deletes nothing of a later one. True when it was still its own. Commits
+-- without waiting for the WAL flush, as lease_release. Internal, not part of the
+-- contract.
+CREATE FUNCTION pylease_release_share(name text, holder text, epoch bigint, share integer)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    ignored text;
+BEGIN
+    IF pylease_release_share.name IS NULL OR pylease_release_share.name = ''
+       OR length(pylease_release_share.name) > 200
+       OR pylease_release_share.holder IS NULL OR pylease_release_share.holder = ''
+       OR length(pylease_release_share.holder) > 200
+       OR pylease_release_share.epoch IS NULL OR pylease_release_share.share IS NULL
+       OR pg_is_in_recovery()
+    THEN
+        PERFORM pylease_check_key('name', pylease_release_share.name);
+        PERFORM pylease_check_key('holder', pylease_release_share.holder);
+        IF pylease_release_share.epoch IS NULL THEN
+            RAISE EXCEPTION 'pylease: epoch must not be NULL' USING ERRCODE = '22023', COLUMN = 'epoch';
+        ELSIF pylease_release_share.share IS NULL THEN
+            RAISE EXCEPTION 'pylease: share must not be NULL' USING ERRCODE = '22023', COLUMN = 'share';
+        END IF;
+        PERFORM pylease_refuse_standby('lease_release');
+    END IF;
+    -- As lease_release: no flush while this transaction has written nothing.
+    ignored := CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+                    THEN set_config('synchronous_commit', 'off', true) END;
+    RETURN pylease_release_shared(pylease_release_share.name, pylease_release_share.holder,
+                                  pylease_release_share.epoch, pylease_release_share.share);
+END
+$$;
+
 -- Every current holder of every kind: the exclusive holder, the readers, the
 -- holders of a semaphore's slots.
 CREATE FUNCTION lease_holders(name text DEFAULT NULL)
@@ -2697,6 +2784,10 @@ LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
      ORDER BY h.name, h.mode, h.slot, h.holder;
 $$;
 
+COMMENT ON FUNCTION pylease_claim_shared(text, interval, text, boolean) IS
+    'pylease (internal): claim a share of a lease (a reader); (epoch, share id) when granted, NULLs when busy; new_tenure: busy while this holder''s share is live, else a new share.';
+COMMENT ON FUNCTION pylease_release_share(text, text, bigint, integer) IS
+    'pylease (internal): give back the share with this epoch and id of a reader; true when it was still its own.';
 COMMENT ON FUNCTION lease_claim_shared(text, interval, text) IS
     'pylease: claim a share of a lease (a reader); the epoch when granted, NULL while an exclusive holder holds it or a writer waits.';
 COMMENT ON FUNCTION lease_holders(text) IS
@@ -3375,6 +3466,8 @@ REVOKE EXECUTE ON FUNCTION pylease_assignment(text[], integer) FROM PUBLIC;
 
 REVOKE ALL ON TABLE pylease_shared FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_release_shared(text, text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_release_shared(text, text, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON SEQUENCE pylease_share_ids FROM PUBLIC;
 
 -- Data, step-down requests, watchers. Stepping a leader down is an operator's:
 -- granted to the roles that may.

@@ -40,6 +40,7 @@ MIGRATIONS = [
     "pylease-0015-groups-kept",
     "pylease-0016-data",
     "pylease-0017-permit-claim",
+    "pylease-0018-shares",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -88,6 +89,9 @@ FUNCTIONS = (
     "pylease_claim",
     "pylease_permit_claim",
     "pylease_claim_all",
+    # 0018: a reader's claim answering its share's id, and the release naming it.
+    "pylease_claim_shared",
+    "pylease_release_share",
 )
 # SQL functions whose body was parsed when it was created (0012): what they call was
 # resolved then, so no search_path can stand in for it and there is none to pin; they
@@ -111,6 +115,9 @@ WRAPPERS = {
     # 0014
     ("permit_release", "name text, holder text"),
     ("lease_release_all", "names text[], holder text"),
+    # 0018
+    ("lease_claim_shared", "name text, ttl interval, holder text"),
+    ("pylease_release_shared", "lease text, reader text, epoch bigint"),
 }
 HELPERS = (
     "pylease_check_key",
@@ -137,7 +144,7 @@ HELPERS = (
 WAITING_CLAIMS = (
     "pylease_claim",
     "pylease_claim_all",
-    "lease_claim_shared",
+    "pylease_claim_shared",
     "pylease_permit_claim",
     "group_join",
 )
@@ -253,6 +260,7 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_permits_fence",
         "pylease_permits_holder",
         "pylease_permits_pkey",
+        "pylease_share_ids",
         "pylease_shared",
         "pylease_shared_pkey",
         "pylease_waiters",
