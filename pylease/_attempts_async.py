@@ -9,7 +9,7 @@ more to grant (``passes_on``), whether a busy one waits on the name in the way
 (``follows``), and whether the waiting process takes a place in the queue of waiting
 processes (``queues``: writers do, readers do not). With ``new``,
 each claims a new tenure (``lease_claim_new``, ``permit_claim_new``,
-``lease_claim_all_new``), for a holder the caller chose: another process that uses the
+``lease_claim_all_new``, ``pylease_claim_shared`` with ``new_tenure``), for a holder the caller chose: another process that uses the
 holder is busy, never joined (contract 5.6). The engine that runs them is
 :mod:`pylease._waiting_async`.
 """
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pylease._backend_async import AsyncBackend
 from pylease._held import Options
 from pylease._rows import LeaseRow, PermitRow
+from pylease.errors import SchemaMissing
 
 #: What a granted attempt gives: a fence (a lease), slot -> fence (permits), name ->
 #: fence (several names).
@@ -185,8 +186,21 @@ class ClaimAll:
         return []
 
 
+class Share(NamedTuple):
+    """A reader's grant: its epoch (the fence it is logged with, ``held.fence``) and the
+    share's id, which its renewals and its release name (None on a schema before
+    pylease-0018, where a reader's tenure is its epoch alone)."""
+
+    epoch: int
+    share: int | None
+
+
 class SharedClaim:
-    """The attempt of a reader: ``lease_claim_shared(name, ttl, holder)`` (contract 5.2).
+    """The attempt of a reader: ``pylease_claim_shared(name, ttl, holder, new)``, whose
+    grant is a :class:`Share` (contract 5.2: ``lease_claim_shared`` answers the epoch
+    alone); with ``new``, a new share for a holder the caller chose, busy while that
+    holder's share is live (as :class:`LeaseClaim`), so that two blocks of one holder
+    never believe in one share that either one's release deletes.
 
     A reader's grant lets the next reader in too: it passes the turn on, so the waiting
     readers of a process all come in when a writer leaves, one claim each; the chain
@@ -199,18 +213,25 @@ class SharedClaim:
     follows = False
     queues = False
 
-    def __init__(self, name: str, ttl: timedelta, holder: str) -> None:
-        self.name, self.ttl, self.holder = name, ttl, holder
+    def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
+        self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
 
-    async def claim(self, b: AsyncBackend) -> int | None:
-        return await b.claim_shared(self.name, self.ttl, self.holder)
+    async def claim(self, b: AsyncBackend) -> Share | None:
+        try:
+            grant = await b.claim_share(self.name, self.ttl, self.holder, new=self.new)
+        except SchemaMissing:
+            # A schema before pylease-0018 (a missing schema fails here again): the
+            # share is named by its epoch alone.
+            epoch = await b.claim_shared(self.name, self.ttl, self.holder)
+            return None if epoch is None else Share(epoch, None)
+        return None if grant is None else Share(*grant)
 
     async def claim_waiting(
         self, b: AsyncBackend, *, status: bool, queued_as: str | None
-    ) -> tuple[int | None, list[LeaseRow] | None]:
-        epoch = await self.claim(b)
-        if epoch is not None or not status:
-            return epoch, None
+    ) -> tuple[Share | None, list[LeaseRow] | None]:
+        share = await self.claim(b)
+        if share is not None or not status:
+            return share, None
         return None, await self.status(b)
 
     async def status(self, b: AsyncBackend) -> list[LeaseRow]:
@@ -218,7 +239,10 @@ class SharedClaim:
 
 
 def fence_of(grant: object) -> int:
-    """The fence a grant is logged with: a lease's, or the first of several."""
+    """The fence a grant is logged with: a lease's, a reader's epoch, or the first of
+    several."""
+    if isinstance(grant, Share):
+        return grant.epoch
     if isinstance(grant, Mapping):
         return int(next(iter(grant.values())))
     assert isinstance(grant, int)
@@ -228,7 +252,7 @@ def fence_of(grant: object) -> int:
 def lease_attempt(opts: Options, holder: str) -> LeaseClaim | SharedClaim:
     """The attempt of a lease of ``opts`` claimed by ``holder``: a reader's share with
     ``opts.shared``."""
-    if opts.shared:
-        return SharedClaim(opts.name, opts.ttl, holder)
     # A holder the caller chose may be another process's too: claim a new tenure.
+    if opts.shared:
+        return SharedClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
     return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None, data=opts.data)

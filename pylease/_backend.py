@@ -25,6 +25,8 @@ from pylease._operations import (
     CLAIM_NEW,
     CLAIM_QUEUED,
     CLAIM_QUEUED_LOOKING,
+    CLAIM_SHARE,
+    CLAIM_SHARE_NEW,
     CLAIM_SHARED,
     CLAIM_WAITING,
     CLAIM_WAITING_LOOKING,
@@ -54,6 +56,7 @@ from pylease._operations import (
     RELEASE,
     RELEASE_ALL,
     RELEASE_ALL_TENURE,
+    RELEASE_SHARE,
     RELEASE_TENURE,
     RENEW,
     RENEW_EACH,
@@ -437,6 +440,30 @@ class Backend:
         params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
         result: int | None = self._call(CLAIM_SHARED, params, name)
         return result
+
+    def claim_share(
+        self, name: str, ttl: timedelta, holder: str, *, new: bool = False
+    ) -> tuple[int, int] | None:
+        """A reader's claim answering (epoch, the share's id) when granted, None when busy
+        (``pylease_claim_shared``, 0018). ``new``: a new share, busy while ``holder``'s
+        own share is live (another process, or an earlier block, uses this holder)."""
+        params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
+        rows = self._call(CLAIM_SHARE_NEW if new else CLAIM_SHARE, params, name)
+        if not rows or rows[0][0] is None:
+            return None
+        return int(rows[0][0]), int(rows[0][1])
+
+    def release_share(self, name: str, holder: str, epoch: int, share: int) -> bool:
+        """Give back the share ``share`` of epoch ``epoch`` of the reader ``holder``
+        (``pylease_release_share``, 0018): True when it was still its own. A late release
+        of an earlier share of the same holder frees nothing of a later one."""
+        params = (
+            _checks.key("name", name),
+            _checks.key("holder", holder),
+            _checks.fence(epoch, "epoch"),
+            _checks.fence(share, "share"),
+        )
+        return bool(self._call(RELEASE_SHARE, params, name))
 
     def holders(self, name: str | None = None) -> list[HolderRow]:
         """``lease_holders``: every current holder of every kind (all names when None)."""

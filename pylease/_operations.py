@@ -271,6 +271,32 @@ CLAIM_SHARED = Operation(
     ("name", "ttl_seconds", "holder"),
     VALUE,
 )
+# A reader's claim as the Python API and the command line make it (migration 0018;
+# SQLite 0009): the epoch and the share's id, which the release and the keeper's
+# renewal name, so that a reused holder's earlier block never touches a later share.
+# PostgreSQL answers one row, NULLs when busy; SQLite no row. With a holder the caller
+# chose, a new share (``_new``): busy while that holder's share is live (contract 5.6).
+CLAIM_SHARE = Operation(
+    "claim_shared",
+    GRANT,
+    "SELECT epoch, share FROM pylease_claim_shared(%s, %s, %s, false)",
+    ("name", "ttl_seconds", "holder"),
+    tuple,
+)
+CLAIM_SHARE_NEW = Operation(
+    "claim_shared_new",
+    GRANT,
+    "SELECT epoch, share FROM pylease_claim_shared(%s, %s, %s, true)",
+    ("name", "ttl_seconds", "holder"),
+    tuple,
+)
+RELEASE_SHARE = Operation(
+    "release_share",
+    WRITE,
+    "SELECT pylease_release_share(%s, %s, %s, %s::integer)",
+    ("name", "holder", "epoch", "share"),
+    FLAG,
+)
 HOLDERS = Operation(
     "holders",
     READ,
@@ -398,6 +424,8 @@ OPERATIONS = (
     RELEASE_ALL,
     RELEASE_ALL_TENURE,
     CLAIM_SHARED,
+    CLAIM_SHARE_NEW,
+    RELEASE_SHARE,
     HOLDERS,
     SET_DATA,
     REQUEST_RELEASE,

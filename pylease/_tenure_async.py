@@ -149,7 +149,7 @@ def _answers(batch: Sequence[Ticket], rows: Sequence[Any]) -> list[tuple[Any, ..
 async def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> bool:
     """Release the tenure of ``ticket`` through ``run`` (a link's or a source's), only
     that tenure, so that a late release of an earlier one frees nothing: a lease's (with
-    ``min_hold``), a reader's share (its epoch as the fence), a holder's slots of a
+    ``min_hold``), a reader's share (its epoch and its id), a holder's slots of a
     semaphore, or several names. True when all of it was still ours."""
     if ticket.names:
         fences = ticket.fences or {}
@@ -158,6 +158,8 @@ async def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> boo
         return await _release_permits(run, ticket.name, ticket.holder, ticket.slot, ticket.fence)
     if ticket.kind == "member":
         return await _leave_group(run, ticket.name, ticket.holder, ticket.fence)
+    if ticket.kind == "shared" and ticket.slot is not None and ticket.fence is not None:
+        return await _release_share(run, ticket.name, ticket.holder, ticket.fence, ticket.slot)
     return await _release_lease(run, ticket.name, ticket.holder, min_hold, ticket.fence)
 
 
@@ -192,6 +194,30 @@ async def _release_lease(
     except SchemaMissing:
         # A schema missing altogether fails here again.
         return await run(any_tenure, None)
+
+
+async def _release_share(run: Run, name: str, holder: str, epoch: int, share: int) -> bool:
+    """A reader's share, named by its epoch and its id (0018): a late release of this
+    block frees nothing of a later share of the same holder (a later block, or another
+    process with this explicit holder). On a schema before pylease-0018, the share of
+    the holder with that epoch, as before."""
+
+    async def tenure(b: AsyncBackend) -> bool:
+        return await b.release_share(name, holder, epoch, share)
+
+    async def tenure_again(b: AsyncBackend) -> bool:
+        if await b.release_share(name, holder, epoch, share):
+            return True
+        # The attempt that failed may have deleted it: it was ours if no writer was
+        # granted since its epoch, and no share of this holder has that id now.
+        rows = await b.status(name)
+        mine = [h for h in await b.holders(name) if h.holder == holder and h.mode == "shared"]
+        return any(r.fence == epoch for r in rows) and not mine
+
+    try:
+        return await run(tenure, tenure_again)
+    except SchemaMissing:
+        return await _release_lease(run, name, holder, None, epoch)
 
 
 async def _leave_group(run: Run, grp: str, member: str, incarnation: int | None) -> bool:

@@ -445,7 +445,10 @@ def acquire(
     :raises WaitStopped: ``stop`` was set first.
     """
     attempt = lease_attempt(opts, holder)
-    return acquire_with(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
+    grant, sent_at = acquire_with(
+        link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop
+    )
+    return fence_of(grant), sent_at
 
 
 def acquire_with(

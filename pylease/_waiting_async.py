@@ -452,9 +452,10 @@ async def acquire(
     :raises WaitStopped: ``stop`` was set first.
     """
     attempt = lease_attempt(opts, holder)
-    return await acquire_with(
+    grant, sent_at = await acquire_with(
         link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop
     )
+    return fence_of(grant), sent_at
 
 
 async def acquire_with(

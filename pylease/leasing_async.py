@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from pylease import _caller_tx, _claims
 from pylease._acompat import monotonic
-from pylease._attempts_async import Attempt, lease_attempt
+from pylease._attempts_async import Attempt, Share, lease_attempt
 from pylease._budget import FLOOR, begin, exit_deadline, spare
 from pylease._caller_tx import Deferred
 from pylease._held import (
@@ -235,10 +235,13 @@ class AsyncLease:
 
     def _made(self, ticket: AsyncTicket, grant: Any) -> Held:
         """The Held of a grant (a reader's: its epoch as the fence), and what its ticket
-        keeps."""
-        ticket.fence = grant
-        if self._opts.shared:
+        keeps (a reader's: its share's id as the slot, which its renewals and its
+        release name)."""
+        if isinstance(grant, Share):
             ticket.kind = "shared"
+            ticket.slot = grant.share
+            grant = grant.epoch
+        ticket.fence = grant
         return AsyncHeld(self._opts.name, ticket.holder, grant, ticket)
 
     def _owner(self) -> object:

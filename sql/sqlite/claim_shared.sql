@@ -7,7 +7,8 @@
 --   :ttl_seconds  REAL, more than 0 and at most 31622400 (366 days)
 --   :holder       TEXT, 1 to 200 characters
 -- Result: one row (epoch INTEGER: the fence of the name's latest exclusive grant,
--- 0 if none) when granted; no row while an exclusive holder holds the name (or it
+-- 0 if none; share INTEGER: the share's id, which release_share.sql and
+-- renew_held.sql name, kept by a claim again of the same epoch) when granted; no row while an exclusive holder holds the name (or it
 -- rests after a min_hold release), or a writer waits in pylease_waiters (writer
 -- preference), unless :holder reads it already (then its share is extended, never
 -- earlier). Readers never wait for each other's shares. When the exclusive holder
@@ -38,8 +39,10 @@ SELECT round((julianday('now') - 2440587.5) * 86400.0, 3), l.name, 'taken_over',
        IN ('', 'rare', 'all');
 
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
-INSERT INTO pylease_shared AS s (name, holder, epoch, ttl, acquired_at, renewed_at, expires_at)
-SELECT :name, :holder, l.fence, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds
+INSERT INTO pylease_shared AS s (name, holder, epoch, ttl, acquired_at, renewed_at, expires_at,
+                                 share)
+SELECT :name, :holder, l.fence, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds,
+       (SELECT id FROM pylease_share_ids)
   FROM pylease_leases AS l, clock
  WHERE l.name = :name AND l.released AND l.expires_at <= clock.now
    AND (NOT EXISTS (SELECT 1 FROM pylease_waiters AS w
@@ -51,7 +54,8 @@ SELECT :name, :holder, l.fence, :ttl_seconds, clock.now, clock.now, clock.now + 
                           ELSE excluded.acquired_at END,
        expires_at  = CASE WHEN s.epoch = excluded.epoch THEN max(s.expires_at, excluded.expires_at)
                           ELSE excluded.expires_at END,
+       share       = CASE WHEN s.epoch = excluded.epoch THEN s.share ELSE excluded.share END,
        epoch       = excluded.epoch,
        ttl         = excluded.ttl,
        renewed_at  = excluded.renewed_at
-RETURNING epoch;
+RETURNING epoch, share;

@@ -1,5 +1,5 @@
 -- release_shared: give back the share of lease :name that reader :holder holds, of
--- epoch :fence (NULL: whatever epoch); release.sql and release_tenure.sql give back
+-- epoch :fence (NULL: whatever epoch), whatever its id (release_share.sql names it); release.sql and release_tenure.sql give back
 -- the exclusive holder's lease, and a reader's when they find none (contract:
 -- lease_release). Run it in the same BEGIN IMMEDIATE ... COMMIT as release.sql
 -- (or release_tenure.sql) when that returned no row. Parameters (named):

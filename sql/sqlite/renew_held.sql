@@ -5,8 +5,8 @@
 -- of kind 'permit' renews every slot of the semaphore that its holder holds, all or
 -- nothing, as permit_renew.sql, while the holder holds the element's slot with the
 -- element's fence; one of kind 'shared' renews a reader's share, as renew.sql,
--- while its epoch is still the name's fence and is the element's fence (a reader's
--- tenure is its epoch); one of kind 'member' renews the member (the element's
+-- while its epoch is still the name's fence and is the element's fence, and its id
+-- is the element's slot (a reader's tenure, 0009); one of kind 'member' renews the member (the element's
 -- holder) of the group (its name) as group_renew.sql, while it is live with the
 -- incarnation that is the element's fence. A null fence or slot: whatever tenure
 -- the holder has. Never
@@ -25,7 +25,8 @@
 --             long as :names
 --   :fences   TEXT, a JSON array of fences (or null; a reader's: its epoch; a
 --             member's: its incarnation), as long as :names
---   :slots    TEXT, a JSON array of slots (or null; a permit's), as long as :names
+--   :slots    TEXT, a JSON array of slots (or null; a permit's; a reader's: its
+--             share's id), as long as :names
 -- Result: one row per element of :names, in order: (name TEXT, renewed INTEGER,
 -- expires_at REAL, server_time REAL, unix seconds; both NULL when not renewed;
 -- release_requested_by TEXT, a renewed lease's step-down request, else NULL); a
@@ -87,13 +88,14 @@ UPDATE pylease_permits
  WHERE NOT released AND (name, holder) IN (SELECT name, holder FROM whole);
 
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
-wanted(name, holder, ttl, fence) AS (
-    SELECT n.value, h.value, t.value, f.value
+wanted(name, holder, ttl, fence, slot) AS (
+    SELECT n.value, h.value, t.value, f.value, s.value
       FROM json_each(:names) AS n
       JOIN json_each(:kinds) AS k ON k.key = n.key
       JOIN json_each(:holders) AS h ON h.key = n.key
       JOIN json_each(:ttls) AS t ON t.key = n.key
       JOIN json_each(:fences) AS f ON f.key = n.key
+      JOIN json_each(:slots) AS s ON s.key = n.key
      WHERE k.value = 'shared'
 )
 UPDATE pylease_shared
@@ -108,7 +110,8 @@ UPDATE pylease_shared
  WHERE epoch = (SELECT l.fence FROM pylease_leases AS l WHERE l.name = pylease_shared.name)
    AND EXISTS (SELECT 1 FROM wanted AS w
                 WHERE w.name = pylease_shared.name AND w.holder = pylease_shared.holder
-                  AND (w.fence IS NULL OR w.fence = pylease_shared.epoch));
+                  AND (w.fence IS NULL OR w.fence = pylease_shared.epoch)
+                  AND (w.slot IS NULL OR w.slot = pylease_shared.share));
 
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
 wanted(grp, member, ttl, incarnation) AS (
@@ -153,6 +156,7 @@ found(i, expires_at, server_time, release_requested_by) AS (
       FROM wanted AS w
       JOIN pylease_shared AS s ON s.name = w.name AND s.holder = w.holder
                               AND (w.fence IS NULL OR s.epoch = w.fence)
+                              AND (w.slot IS NULL OR s.share = w.slot)
       JOIN pylease_leases AS l ON l.name = s.name AND l.fence = s.epoch
      WHERE w.kind = 'shared'
     UNION ALL

@@ -293,7 +293,8 @@ END;
 -- Readers and writers ----------------------------------------------------------
 
 -- One row per reader of a lease name: it holds while its epoch is still the name's
--- fence and it is unexpired. A release deletes it.
+-- fence and it is unexpired; share is its tenure's id (from pylease_share_ids). A
+-- release deletes it.
 CREATE TABLE pylease_shared (
     name        TEXT    NOT NULL,
     holder      TEXT    NOT NULL,
@@ -302,8 +303,28 @@ CREATE TABLE pylease_shared (
     acquired_at REAL    NOT NULL,
     renewed_at  REAL    NOT NULL,
     expires_at  REAL    NOT NULL,
+    share       INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (name, holder)
 ) STRICT;
+
+-- The next id of a reader's share (as PostgreSQL's sequence pylease_share_ids: an
+-- integer that cycles): a new share takes it, and the triggers below move it on.
+CREATE TABLE pylease_share_ids (
+    id INTEGER NOT NULL CHECK (id BETWEEN 1 AND 2147483647)
+) STRICT;
+
+INSERT INTO pylease_share_ids (id) VALUES (1);
+
+CREATE TRIGGER pylease_shared_share_drawn AFTER INSERT ON pylease_shared
+BEGIN
+    UPDATE pylease_share_ids SET id = id % 2147483647 + 1;
+END;
+
+CREATE TRIGGER pylease_shared_share_redrawn AFTER UPDATE OF share ON pylease_shared
+WHEN NEW.share IS NOT OLD.share
+BEGIN
+    UPDATE pylease_share_ids SET id = id % 2147483647 + 1;
+END;
 
 CREATE TRIGGER pylease_shared_update_check BEFORE UPDATE ON pylease_shared
 BEGIN

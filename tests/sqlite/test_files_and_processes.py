@@ -77,6 +77,7 @@ SQLITE_MIGRATIONS = [
     "pylease-0006-groups",
     "pylease-0007-shared",
     "pylease-0008-data",
+    "pylease-0009-shares",
 ]
 
 
@@ -539,7 +540,7 @@ def test_sql_files_work_from_plain_sqlite3(db: Path) -> None:
     assert run("claim", name="job", ttl_seconds=30, holder="e", data=None) == [(3,)]
     # A reader (its epoch: the floor, above which no writer was granted it), and a
     # writer kept out by it that waits in SQLite's queue of its own.
-    assert run("claim_shared", name="read", ttl_seconds=30, holder="r") == [(2,)]
+    assert run("claim_shared", name="read", ttl_seconds=30, holder="r") == [(2, 1)]
     with pytest.raises(sqlite3.IntegrityError, match="pylease: holder must not be empty"):
         run("claim_shared", name="read", ttl_seconds=30, holder="")
     conn.execute("ROLLBACK")
