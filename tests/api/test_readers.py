@@ -177,3 +177,45 @@ def test_a_waiting_writer_keeps_new_readers_out(db: Db) -> None:
     together(write, meanwhile)
     assert granted == [1]
     assert wait_until(lambda: other.claim_shared(NAME, HOUR, "r2") == 1, DETECT)
+
+
+def share_id(db: Db, name: str, holder: str) -> int | None:
+    """The id of ``holder``'s share of ``name`` (migration 0018; SQLite 0009)."""
+    mark = "?" if db.kind == "sqlite" else "%s"
+    row = (
+        db.backend()
+        .conn.execute(
+            f"SELECT share FROM pylease_shared WHERE name = {mark} AND holder = {mark}",
+            (name, holder),
+        )
+        .fetchone()
+    )
+    return None if row is None else int(row[0])
+
+
+def test_an_explicit_readers_holder_used_twice_never_frees_the_later_share(
+    db: Db,
+) -> None:
+    """A reader's explicit holder reused by a later block: the earlier block's release,
+    run late (its connection abandoned), names the earlier share and frees nothing of
+    the later one, which the keeper goes on renewing; while a share of the holder is
+    live, another process's claim with that holder is busy (contract 5.6)."""
+    other = db.backend()
+    with lease(db.url, NAME, ttl=30, holder="h", shared=True) as first:
+        earlier = share_id(db, NAME, "h")
+        assert earlier is not None
+        # Another process that uses the same holder: busy, never joined to this share.
+        assert other.claim_share(NAME, HOUR, "h", new=True) is None
+    with lease(db.url, NAME, ttl=0.9, holder="h", shared=True) as second:
+        assert second.fence == first.fence
+        later_share = share_id(db, NAME, "h")
+        assert later_share is not None and later_share != earlier
+        # The earlier block's release, arriving now.
+        assert other.release_share(NAME, "h", first.fence, earlier) is False
+        with pytest.raises(LeaseBusy):
+            enter_once(lease(db.url, NAME, ttl=30))
+        sleep(2.5)  # past the ttl: only the keeper's renewals of its share keep it
+        assert not second.lost
+        second.check()
+        assert share_id(db, NAME, "h") == later_share
+    assert other.holders(NAME) == []

@@ -2204,3 +2204,51 @@ def test_the_keepers_renewal_of_a_reader_names_its_epoch(backend: Backend) -> No
     )
     assert [r.renewed for r in now] == [True, True]
     assert backend.status("a")[0].expires_at > row.expires_at
+
+
+def test_a_reused_readers_earlier_share_is_never_released_or_renewed_for_a_later_one(
+    backend: Backend,
+) -> None:
+    """A reader's share has an id of its own (PostgreSQL 0018, SQLite 0009): a holder
+    reused by a later block (or another process) gets a new share once the earlier one
+    expired, and the earlier block's late release or renewal, which names the earlier
+    id, touches nothing of it; a writer stays busy beside the later share."""
+    first = backend.claim_share("a", SHORT, "r", new=True)
+    assert first is not None
+    epoch, share = first
+    # While the share is live, a new tenure of the same holder is busy.
+    assert backend.claim_share("a", LONG, "r", new=True) is None
+    deadline = time.monotonic() + 10
+    while (later := backend.claim_share("a", LONG, "r", new=True)) is None:
+        assert time.monotonic() < deadline, "the first share never expired"
+        time.sleep(0.05)
+    assert later[0] == epoch and later[1] != share
+    # The earlier block's renewal and release, arriving late: nothing of the later share.
+    (renewal,) = backend.renew_held(["shared"], ["a"], ["r"], [DAY], [epoch], [share])
+    assert not renewal.renewed
+    assert backend.release_share("a", "r", epoch, share) is False
+    assert [(h.holder, h.mode) for h in backend.holders("a")] == [("r", "shared")]
+    assert backend.claim("a", LONG, "w") is None
+    # The later block's own renewal and release, naming its share.
+    (renewal,) = backend.renew_held(["shared"], ["a"], ["r"], [DAY], [epoch], [later[1]])
+    assert renewal.renewed
+    assert backend.release_share("a", "r", epoch, later[1]) is True
+    assert backend.holders("a") == []
+    fence = backend.claim("a", LONG, "w")
+    assert fence is not None and fence > epoch
+
+
+def test_a_readers_claim_again_keeps_its_share_and_a_new_epoch_draws_a_new_one(
+    backend: Backend,
+) -> None:
+    """Without a new tenure (lease_claim_shared's rule), a claim again of the same epoch
+    continues the share, as a retried claim whose reply was lost must."""
+    first = backend.claim_share("a", LONG, "r")
+    assert first is not None
+    assert backend.claim_share("a", LONG, "r") == first
+    assert backend.claim_shared("a", LONG, "r") == first[0]
+    assert backend.release_share("a", "r", first[0], first[1]) is True
+    fence = backend.claim("a", LONG, "w")
+    assert fence is not None and backend.release("a", "w") is True
+    again = backend.claim_share("a", LONG, "r")
+    assert again is not None and again[0] == fence and again[1] != first[1]
