@@ -158,9 +158,9 @@ bool partial;       /* a claim of several names granted some of them, not all */
 #define READERS_LIVE LIVE_SHARE(0)
 #endif
 #if READERS > 1
-#define DROP_SHARES shx[0] = 0; shep[0] = 0; shl[0] = 0; shx[1] = 0; shep[1] = 0; shl[1] = 0
+#define DROP_SHARES shx[0] = 0; shep[0] = 0; shl[0] = 0; shid[0] = 0; shx[1] = 0; shep[1] = 0; shl[1] = 0; shid[1] = 0
 #else
-#define DROP_SHARES shx[0] = 0; shep[0] = 0; shl[0] = 0
+#define DROP_SHARES shx[0] = 0; shep[0] = 0; shl[0] = 0; shid[0] = 0
 #endif
 bool stale_epoch;   /* a reader's fenced write committed after a writer was granted */
 #endif
@@ -221,6 +221,9 @@ bool txl[NC];       /* ... and holds the row's FOR KEY SHARE lock */
 byte txf[NC];       /* ... with this fence */
 bool wrote[NC];     /* this block did its fenced write (or does none) */
 byte tries[NC];     /* claims this block sent */
+#if !READERS
+#define SHARE_OF(c) 0
+#endif
 #if PERMITS
 byte sl[NC];        /* the slot it was granted */
 byte rsl[NC];       /* the reply to a claim: the slot */
@@ -230,6 +233,11 @@ byte txs[NC];       /* the slot of its open fenced transaction */
 byte fb[NC];        /* a claim of both names: the fence of B (fen: of A) */
 byte rvb[NC];       /* the reply to it: the fence of B */
 #define CLEAR_EXTRA(c) rvb[c] = 0
+#elif READERS
+byte shr[NC];       /* a reader's share's id, as its claim answered it (0018) */
+byte rsh[NC];       /* the reply to a reader's claim: the share's id */
+#define CLEAR_EXTRA(c) rsh[c] = 0
+#define SHARE_OF(c) shr[c]
 #else
 #define CLEAR_EXTRA(c) skip
 #endif
@@ -260,6 +268,12 @@ byte rx[NC * SLOTS];
 #else
 #define EXTRA(c, f) ((f) == 0 -> 0 : fb[c])
 #endif
+#define SET_EXTRA(i, v) rx[i] = (v)
+#define MOVE_EXTRA(i) rx[i] = rx[(i) + 1]; rx[(i) + 1] = 0
+#elif READERS
+/* A reader's renewal and release name its share's id beside its epoch (0018). */
+byte rx[NC * SLOTS];
+#define EXTRA(c, f) (st[c] == HELD -> shr[c] : 0)
 #define SET_EXTRA(i, v) rx[i] = (v)
 #define MOVE_EXTRA(i) rx[i] = rx[(i) + 1]; rx[(i) + 1] = 0
 #else
@@ -394,6 +408,8 @@ inline next_block(c) {
     sl[c] = 0;
 #elif NAMES
     fb[c] = 0;
+#elif READERS
+    shr[c] = 0;
 #endif
     blk[c]++;
     if
@@ -447,7 +463,7 @@ end:
         st[c] = CLAIMING; wrote[c] = !WRITES; tries[c] = 1;
         send(c, OP_CLAIM, 0);
         if
-        :: READER(c) -> printf("client %d: lease(shared=True) sends lease_claim_shared (holder %d)\n", c, hid[c])
+        :: READER(c) -> printf("client %d: lease(shared=True) sends pylease_claim_shared (holder %d)\n", c, hid[c])
         :: else -> printf(SAYS_CLAIM, c, hid[c])
         fi }
     /* acquire(): the claim's reply; a grant starts the Ticket at the claim's send time */
@@ -457,7 +473,7 @@ end:
             st[c] = HELD; fen[c] = rval[c]; lost[c] = 0;
 #if READERS
             if
-            :: READER(c) -> fen[c] = rval[c] - 1        /* the epoch (EPOCH_ANSWER) */
+            :: READER(c) -> fen[c] = rval[c] - 1; shr[c] = rsh[c]   /* the epoch (EPOCH_ANSWER), the share */
             :: else -> skip
             fi;
 #endif
@@ -469,7 +485,7 @@ end:
             el[c] = EXPIRES_IN(c, TTL);
             pre[c] = 0; tries[c] = 0;
             if
-            :: READER(c) -> printf("client %d: acquire() granted epoch %d, believes %d ticks\n", c, fen[c], el[c])
+            :: READER(c) -> printf("client %d: acquire() granted epoch %d share %d, believes %d ticks\n", c, fen[c], SHARE_OF(c), el[c])
             :: else -> printf(SAYS_GRANT, c, GRANT_ARGS(c), el[c])
             fi
         :: else -> printf("client %d: acquire() busy (%d)\n", c, rval[c])
@@ -488,7 +504,7 @@ end:
                 aw[c] == NOSLOT && FREE_SLOT(c) ->
         send(c, OP_RENEW, RENEW_FENCE(c));
         if
-        :: READER(c) -> printf("client %d: keeper sends pylease_renew_held (shared, its epoch)\n", c)
+        :: READER(c) -> printf("client %d: keeper sends pylease_renew_held (shared, its epoch and share)\n", c)
         :: else -> printf(SAYS_RENEW, c)
         fi }
     /* keeper _renew(): the answer; Ticket.renewed(sent_at, granted) or the loss */
@@ -567,7 +583,7 @@ end:
     :: d_step { st[c] == HELD && aw[c] == NOSLOT && FREE_SLOT(c) ->
         send(c, OP_RELEASE, fen[c]);
         if
-        :: READER(c) -> printf("client %d: block ends, sends lease_release(epoch %d)\n", c, fen[c])
+        :: READER(c) -> printf("client %d: block ends, sends pylease_release_share(epoch %d, share %d)\n", c, fen[c], SHARE_OF(c))
         :: else -> printf(SAYS_RELEASE, c, fen[c])
         fi;
         next_block(c) }
@@ -769,23 +785,28 @@ inline claim_all_done(i) {
 inline run_request(i) {
     if
 #if READERS
-    /* a reader's: lease_claim_shared, and the renewal and release of its share, which
-       name its epoch (sql_readers.pml) */
+    /* a reader's: pylease_claim_shared, and the renewal and release of its share, which
+       name its epoch and its id (sql_readers.pml) */
     :: rop[i] == OP_CLAIM && READER(i / SLOTS) ->
-        lease_claim_shared(rh[i], TTL, out);
-        printf("server: lease_claim_shared(holder %d) = %d (epoch + 1; row: fence %d left %d)\n", rh[i], out, row.fence, row.left);
-        ANSWER(i, out)
+        lease_claim_shared(rh[i], TTL, out, acq);
+        printf("server: pylease_claim_shared(holder %d) = %d share %d (epoch + 1; row: fence %d left %d)\n", rh[i], out, acq, row.fence, row.left);
+        ANSWER(i, out);
+        if
+        :: aw[i / SLOTS] == i -> rsh[i / SLOTS] = acq
+        :: else -> skip
+        fi;
+        acq = 0
     :: rop[i] == OP_RENEW && READER(i / SLOTS) ->
-        lease_renew_shared(rh[i], TTL, rf[i], ok, granted);
-        printf("server: pylease_renew_held(shared, holder %d, epoch %d) = %d, granted %d\n", rh[i], rf[i], ok, granted);
+        lease_renew_shared(rh[i], TTL, rf[i], rx[i], ok, granted);
+        printf("server: pylease_renew_held(shared, holder %d, epoch %d, share %d) = %d, granted %d\n", rh[i], rf[i], rx[i], ok, granted);
         ANSWER(i, ok);
         if
         :: aw[i / SLOTS] == i -> rgr[i / SLOTS] = granted
         :: else -> skip
         fi
     :: rop[i] == OP_RELEASE && READER(i / SLOTS) ->
-        lease_release_shared(rh[i], rf[i], ok);
-        printf("server: lease_release(holder %d, epoch %d) = %d\n", rh[i], rf[i], ok);
+        lease_release_shared(rh[i], rf[i], rx[i], ok);
+        printf("server: pylease_release_share(holder %d, epoch %d, share %d) = %d\n", rh[i], rf[i], rx[i], ok);
         ANSWER(i, ok)
 #endif
     :: rop[i] == OP_CLAIM && !READER(i / SLOTS) ->

@@ -10,9 +10,9 @@ more to grant (``passes_on``), whether a busy one waits on the name in the way
 (``follows``), and whether the waiting process takes a place in the queue of waiting
 processes (``queues``: writers do, readers do not). With ``new``,
 each claims a new tenure (``lease_claim_new``, ``permit_claim_new``,
-``lease_claim_all_new``, ``pylease_claim_shared`` with ``new_tenure``), for a holder the caller chose: another process that uses the
-holder is busy, never joined (contract 5.6). The engine that runs them is
-:mod:`pylease._waiting`.
+``lease_claim_all_new``, ``pylease_claim_shared`` with ``new_tenure``), for a holder the
+caller chose: another process that uses the holder is busy, never joined (contract 5.6).
+The engine that runs them is :mod:`pylease._waiting`.
 """
 
 from __future__ import annotations
