@@ -35,6 +35,7 @@ class Scale:
     peer_rounds: int = 7
     function_ops: int = 50  # section 9: short rounds, so that paired neighbours share the load
     function_rounds: int = 25
+    stepdowns: int = 20  # section 14: lease_request_release to a standby's first work
 
 
 FULL = Scale()
@@ -59,6 +60,7 @@ SMOKE = Scale(
     peer_rounds=2,
     function_ops=5,
     function_rounds=2,
+    stepdowns=1,
 )
 
 
