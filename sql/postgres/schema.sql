@@ -1562,22 +1562,11 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Busy: fewer than permits slots free. Reads only.
-    IF (SELECT count(*) FROM pylease_permits AS p
-         WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
-           AND NOT EXISTS (SELECT FROM pylease_permits AS q
-                            WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
-                              AND q.slot % s_max = p.slot AND q.expires_at > t_now)
-       ) < pylease_permit_claim.permits THEN
-        RETURN;
-    END IF;
-
-    history := current_setting('pylease.history', true);
-    IF history NOT IN ('', 'rare', 'all', 'none') THEN
-        PERFORM pylease_refuse_history(history);
-    END IF;
     start := ((hashtext(pylease_permit_claim.holder) % s_max) + s_max) % s_max;
-    BEGIN
+    IF pylease_permit_claim.permits = 1 AND mine = 0 THEN
+        -- One slot for a holder that has none: it is free and locked here, or the
+        -- claim is busy having locked nothing (no write, nothing to give back), so no
+        -- subtransaction is needed: it would cost the claim a sixth of its time.
         SELECT array_agg(c.slot) INTO taken FROM (
             SELECT p.slot FROM pylease_permits AS p
              WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
@@ -1585,65 +1574,97 @@ BEGIN
                                 WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
                                   AND q.slot % s_max = p.slot AND q.expires_at > t_now)
              ORDER BY (p.slot - start + s_max) % s_max
-             LIMIT pylease_permit_claim.permits
+             LIMIT 1
                FOR UPDATE OF p SKIP LOCKED) AS c;
-        IF coalesce(cardinality(taken), 0) < pylease_permit_claim.permits THEN
-            -- Other claimers took the slots meanwhile: give back the ones locked here.
-            RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+        IF taken IS NULL THEN
+            RETURN;
         END IF;
-        SELECT min(p.slot) INTO worn FROM pylease_permits AS p
+    ELSE
+        -- Busy: fewer than permits slots free. Reads only.
+        IF (SELECT count(*) FROM pylease_permits AS p
+             WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
+               AND NOT EXISTS (SELECT FROM pylease_permits AS q
+                                WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
+                                  AND q.slot % s_max = p.slot AND q.expires_at > t_now)
+           ) < pylease_permit_claim.permits THEN
+            RETURN;
+        END IF;
+        -- Several slots, or a new tenure that ends the holder's earlier one: locks taken
+        -- before the claim turns out busy are given back with the subtransaction.
+        BEGIN
+            SELECT array_agg(c.slot) INTO taken FROM (
+                SELECT p.slot FROM pylease_permits AS p
+                 WHERE p.name = pylease_permit_claim.name AND p.slot < s_max
+                   AND p.expires_at <= t_now
+                   AND NOT EXISTS (SELECT FROM pylease_permits AS q
+                                    WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
+                                      AND q.slot % s_max = p.slot AND q.expires_at > t_now)
+                 ORDER BY (p.slot - start + s_max) % s_max
+                 LIMIT pylease_permit_claim.permits
+                   FOR UPDATE OF p SKIP LOCKED) AS c;
+            IF coalesce(cardinality(taken), 0) < pylease_permit_claim.permits THEN
+                -- Other claimers took the slots meanwhile: give back the ones locked here.
+                RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+            END IF;
+            IF mine > 0 THEN
+                -- A new tenure: the holder's expired slots not taken again end with the
+                -- earlier one (a slot another transaction keeps locked past lock_timeout,
+                -- a renewal or release of the earlier one, makes the claim busy).
+                UPDATE pylease_permits AS p SET released = true
+                 WHERE p.name = pylease_permit_claim.name
+                   AND p.holder = pylease_permit_claim.holder
+                   AND NOT p.released AND p.slot <> ALL (taken);
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PLBSY' OR lock_not_available OR deadlock_detected THEN
+            RETURN;
+        END;
+    END IF;
+    history := current_setting('pylease.history', true);
+    IF history NOT IN ('', 'rare', 'all', 'none') THEN
+        PERFORM pylease_refuse_history(history);
+    END IF;
+    SELECT min(p.slot) INTO worn FROM pylease_permits AS p
+     WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
+       AND p.fence = 9223372036854775807;
+    IF worn IS NOT NULL THEN
+        RAISE EXCEPTION 'pylease: semaphore % has used every fence of slot %: it cannot be granted again',
+            quote_literal(pylease_permit_claim.name), worn USING ERRCODE = '54000';
+    END IF;
+    -- A fence floored by the timeline, as a lease's. The next grant of a slot freed
+    -- by permit_revoke from an unexpired holder is a steal.
+    RETURN QUERY
+    WITH old AS (
+        SELECT p.slot, p.holder, p.fence, p.released, p.revoked FROM pylease_permits AS p
          WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
-           AND p.fence = 9223372036854775807;
-        IF worn IS NOT NULL THEN
-            RAISE EXCEPTION 'pylease: semaphore % has used every fence of slot %: it cannot be granted again',
-                quote_literal(pylease_permit_claim.name), worn USING ERRCODE = '54000';
-        END IF;
-        IF mine > 0 THEN
-            -- A new tenure: the holder's expired slots not taken again end with the
-            -- earlier one (a slot another transaction keeps locked past lock_timeout,
-            -- a renewal or release of the earlier one, makes the claim busy).
-            UPDATE pylease_permits AS p SET released = true
-             WHERE p.name = pylease_permit_claim.name AND p.holder = pylease_permit_claim.holder
-               AND NOT p.released AND p.slot <> ALL (taken);
-        END IF;
-        -- A fence floored by the timeline, as a lease's. The next grant of a slot freed
-        -- by permit_revoke from an unexpired holder is a steal.
-        RETURN QUERY
-        WITH old AS (
-            SELECT p.slot, p.holder, p.fence, p.released, p.revoked FROM pylease_permits AS p
-             WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
-        ), granted AS (
-            UPDATE pylease_permits AS p
-               SET fence       = greatest(p.fence + 1,
-                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
-                   holder      = pylease_permit_claim.holder,
-                   permits     = pylease_permit_claim.permits,
-                   ttl         = pylease_permit_claim.ttl,
-                   acquired_at = t_now,
-                   renewed_at  = t_now,
-                   expires_at  = t_now + pylease_permit_claim.ttl,
-                   released    = false,
-                   revoked     = false,
-                   grants      = p.grants + 1,
-                   takeovers   = p.takeovers + CASE WHEN o.fence > 0 AND NOT o.released THEN 1 ELSE 0 END,
-                   steals      = p.steals + CASE WHEN o.revoked THEN 1 ELSE 0 END
-              FROM old AS o
-             WHERE p.name = pylease_permit_claim.name AND p.slot = o.slot
-            RETURNING p.slot, p.fence,
-                      CASE WHEN o.revoked THEN 'stolen' WHEN o.fence = 0 OR o.released THEN 'claimed'
-                           ELSE 'taken_over' END AS event,
-                      CASE WHEN o.fence > 0 THEN o.holder END AS previous
-        ), recorded AS (
-            INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
-            SELECT t_now, pylease_permit_claim.name, g.event, pylease_permit_claim.holder, g.fence,
-                   g.previous, g.slot
-              FROM granted AS g
-             WHERE history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND g.event <> 'claimed')
-        )
-        SELECT g.slot, g.fence FROM granted AS g ORDER BY g.slot;
-    EXCEPTION WHEN SQLSTATE 'PLBSY' OR lock_not_available OR deadlock_detected THEN
-        RETURN;
-    END;
+    ), granted AS (
+        UPDATE pylease_permits AS p
+           SET fence       = greatest(p.fence + 1,
+                ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+               holder      = pylease_permit_claim.holder,
+               permits     = pylease_permit_claim.permits,
+               ttl         = pylease_permit_claim.ttl,
+               acquired_at = t_now,
+               renewed_at  = t_now,
+               expires_at  = t_now + pylease_permit_claim.ttl,
+               released    = false,
+               revoked     = false,
+               grants      = p.grants + 1,
+               takeovers   = p.takeovers + CASE WHEN o.fence > 0 AND NOT o.released THEN 1 ELSE 0 END,
+               steals      = p.steals + CASE WHEN o.revoked THEN 1 ELSE 0 END
+          FROM old AS o
+         WHERE p.name = pylease_permit_claim.name AND p.slot = o.slot
+        RETURNING p.slot, p.fence,
+                  CASE WHEN o.revoked THEN 'stolen' WHEN o.fence = 0 OR o.released THEN 'claimed'
+                       ELSE 'taken_over' END AS event,
+                  CASE WHEN o.fence > 0 THEN o.holder END AS previous
+    ), recorded AS (
+        INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
+        SELECT t_now, pylease_permit_claim.name, g.event, pylease_permit_claim.holder, g.fence,
+               g.previous, g.slot
+          FROM granted AS g
+         WHERE history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND g.event <> 'claimed')
+    )
+    SELECT g.slot, g.fence FROM granted AS g ORDER BY g.slot;
 END
 $$;
 

@@ -40,6 +40,7 @@ IDS = [
     "pylease-0014-fenced-releases",
     "pylease-0015-groups-kept",
     "pylease-0016-data",
+    "pylease-0017-permit-claim",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

@@ -39,6 +39,7 @@ MIGRATIONS = [
     "pylease-0014-fenced-releases",
     "pylease-0015-groups-kept",
     "pylease-0016-data",
+    "pylease-0017-permit-claim",
 ]
 FUNCTIONS = (
     "lease_claim",
