@@ -112,6 +112,7 @@ if [ "$set_name" = deep ]; then
     verify pass stepdown-kept     all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2
     verify pass stepdown-slow     all    -DSLOW=1 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1
     verify pass stepdown-writes   all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DWRITES=1 -DKEEPERS=1
+    verify pass stepdown-steal    all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DSTEAL=1
 else
     # One configuration per feature: a clean model, then each feature on its own.
     verify pass base           all    -DSLOW=0
