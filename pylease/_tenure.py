@@ -155,6 +155,8 @@ def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> bool:
         return _release_names(run, ticket.names, ticket.holder, fences)
     if ticket.kind == "permit":
         return _release_permits(run, ticket.name, ticket.holder, ticket.slot, ticket.fence)
+    if ticket.kind == "member":
+        return _leave_group(run, ticket.name, ticket.holder, ticket.fence)
     return _release_lease(run, ticket.name, ticket.holder, min_hold, ticket.fence)
 
 
@@ -189,6 +191,15 @@ def _release_lease(
     except SchemaMissing:
         # A schema missing altogether fails here again.
         return run(any_tenure, None)
+
+
+def _leave_group(run: Run, grp: str, member: str, incarnation: int | None) -> bool:
+    """A member's incarnation (a group block that can no longer be left: collected)."""
+
+    def leave(b: Backend) -> bool:
+        return b.group_leave(grp, member, incarnation)
+
+    return run(leave, None)
 
 
 def _release_permits(run: Run, name: str, holder: str, slot: int | None, fence: int | None) -> bool:

@@ -156,6 +156,8 @@ async def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> boo
         return await _release_names(run, ticket.names, ticket.holder, fences)
     if ticket.kind == "permit":
         return await _release_permits(run, ticket.name, ticket.holder, ticket.slot, ticket.fence)
+    if ticket.kind == "member":
+        return await _leave_group(run, ticket.name, ticket.holder, ticket.fence)
     return await _release_lease(run, ticket.name, ticket.holder, min_hold, ticket.fence)
 
 
@@ -190,6 +192,15 @@ async def _release_lease(
     except SchemaMissing:
         # A schema missing altogether fails here again.
         return await run(any_tenure, None)
+
+
+async def _leave_group(run: Run, grp: str, member: str, incarnation: int | None) -> bool:
+    """A member's incarnation (a group block that can no longer be left: collected)."""
+
+    async def leave(b: AsyncBackend) -> bool:
+        return await b.group_leave(grp, member, incarnation)
+
+    return await run(leave, None)
 
 
 async def _release_permits(

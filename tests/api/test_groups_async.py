@@ -8,6 +8,7 @@ backend on a connection of its own.
 
 from __future__ import annotations
 
+import gc
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,19 @@ async def test_on_a_schema_before_0015_members_are_renewed_beside_the_statement(
         assert not m.lost
         assert not held.lost
     assert "renews members of groups apart from leases" in caplog.text
+
+
+async def test_a_collected_group_block_leaves_the_group(db: Db, caplog: Any) -> None:
+    """A group entered without ``async with`` and then dropped can no longer be left by
+    anyone: the keeper stops renewing the member and leaves for it, long before its ttl."""
+    other = db.backend()
+    cm = agroup(db.url, GRP, member="dropped", ttl=HOUR)
+    await cm.acquire()
+    assert [r.member for r in other.group_members(GRP)] == ["dropped"]
+    del cm
+    gc.collect()
+    limit = monotonic() + BOUND
+    while other.group_members(GRP):
+        assert monotonic() < limit, f"the member was not left within {BOUND}s"
+        await asleep(0.05)
+    assert "abandoned" in caplog.text
