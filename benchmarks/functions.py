@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from benchmarks._core import Context, Section, Target, holder_id, unique
 from benchmarks._cpu import backend_pid, cpu_seconds
@@ -184,10 +185,19 @@ def cycle(
     release_fn: str,
     split: dict[str, list[float]],
     meter: CpuMeter,
+    *,
+    name: str | None = None,
+    data: object = None,
 ) -> Callable[[int], float]:
-    """Claim + release of one name, n times; claim and release timed apart (wall and CPU)."""
-    name, holder = unique("fn"), holder_id("fn")
-    claim_sql = f"SELECT {claim_fn}(%s, %s, %s)"
+    """Claim + release of one name, n times; claim and release timed apart (wall and CPU).
+
+    With ``data``, each claim is the 4-argument one that records it with the grant.
+    """
+    name, holder = name or unique("fn"), holder_id("fn")
+    claim_args: tuple[Any, ...] = (name, TTL, holder)
+    if data is not None:
+        claim_args += (Jsonb(data),)
+    claim_sql = f"SELECT {claim_fn}({', '.join(['%s'] * len(claim_args))})"
     release_sql = f"SELECT {release_fn}(%s, %s)"
 
     def run(n: int) -> float:
@@ -198,7 +208,7 @@ def cycle(
         for _ in range(n):
             c0 = meter.now()
             t0 = clock()
-            cur.execute(claim_sql, (name, TTL, holder))
+            cur.execute(claim_sql, claim_args)
             granted = cur.fetchone()
             t1 = clock()
             c1 = meter.now()

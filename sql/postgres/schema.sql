@@ -2320,25 +2320,31 @@ BEGIN
                                                  pylease_renew_held.ttls) IS NULL
                         ELSE true END
         ), locked AS (
-            SELECT l.name, w.h, w.t
+            SELECT l.name, w.h, w.t, w.i
               FROM wanted AS w JOIN pylease_leases AS l
                 ON l.name = w.n AND l.holder = w.h AND (w.f IS NULL OR l.fence = w.f)
              WHERE NOT l.released
              ORDER BY l.name
                FOR NO KEY UPDATE OF l
+        ), grouped AS (
+            -- The positions of each row's elements (one, unless the batch names a lease
+            -- twice) ride through the update: no join of the batch with what was
+            -- renewed, which the planner, misled by the batch's filtered estimate,
+            -- made a nested loop over every pair of elements.
+            SELECT k.name, k.h, max(k.t) AS t, array_agg(k.i) AS at
+              FROM locked AS k GROUP BY k.name, k.h
         ), renewed AS (
             UPDATE pylease_leases AS l
-               SET ttl        = coalesce(k.t, l.ttl),
+               SET ttl        = coalesce(g.t, l.ttl),
                    renewed_at = t_now,
-                   expires_at = greatest(l.expires_at, t_now + coalesce(k.t, l.ttl))
-              FROM locked AS k
-             WHERE l.name = k.name AND l.holder = k.h
-            RETURNING l.name, l.holder, l.fence, l.expires_at, l.release_requested_by
+                   expires_at = greatest(l.expires_at, t_now + coalesce(g.t, l.ttl))
+              FROM grouped AS g
+             WHERE l.name = g.name AND l.holder = g.h
+            RETURNING g.at, l.expires_at, l.release_requested_by
         )
-        SELECT array_agg(w.i), array_agg(r.expires_at), array_agg(r.release_requested_by)
+        SELECT array_agg(x.i), array_agg(r.expires_at), array_agg(r.release_requested_by)
           INTO l_at, l_exp, l_req
-          FROM wanted AS w
-          JOIN renewed AS r ON r.name = w.n AND r.holder = w.h AND (w.f IS NULL OR r.fence = w.f);
+          FROM renewed AS r CROSS JOIN LATERAL unnest(r.at) AS x(i);
     END IF;
 
     -- Readers, as lease_renew: while their epoch is still the name's fence, and is

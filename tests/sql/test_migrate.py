@@ -41,6 +41,7 @@ IDS = [
     "pylease-0015-groups-kept",
     "pylease-0016-data",
     "pylease-0017-permit-claim",
+    "pylease-0018-renew-held",
     "pylease-0018-shares",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]

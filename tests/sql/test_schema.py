@@ -40,6 +40,7 @@ MIGRATIONS = [
     "pylease-0015-groups-kept",
     "pylease-0016-data",
     "pylease-0017-permit-claim",
+    "pylease-0018-renew-held",
     "pylease-0018-shares",
 ]
 FUNCTIONS = (
