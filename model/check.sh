@@ -188,7 +188,7 @@ verify fail reader-belief-from-arrival rw_exclusion -DSLOW=0 -DREADERS=1 -DMUT_B
 # belief; the renewal names its epoch), so only both removed are caught.
 verify fail reader-renew-no-epoch      belief       -DSLOW=0 -DREADERS=1 -DMUT_LATE_ANSWER_REVIVES -DMUT_READER_RENEW_NO_EPOCH
 verify fail reader-holds-without-lock  epoch_fenced -DSLOW=0 -DREADERS=1 -DWRITES=1 -DMUT_HOLDS_NOLOCK
-# The release before 0018, by epoch alone: a late release of a reused reader's holder
+# The release before 0019, by epoch alone: a late release of a reused reader's holder
 # deletes the later block's share under its believer (docs/model.md, "A reused explicit
 # holder of a reader").
 verify fail readers-release-by-epoch   rw_exclusion -DSLOW=0 -DREADERS=1 -DBLOCKS0=2 -DMUT_READER_RELEASE_BY_EPOCH

@@ -245,7 +245,7 @@ byte fb[NC];        /* a claim of both names: the fence of B (fen: of A) */
 byte rvb[NC];       /* the reply to it: the fence of B */
 #define CLEAR_EXTRA(c) rvb[c] = 0
 #elif READERS
-byte shr[NC];       /* a reader's share's id, as its claim answered it (0018) */
+byte shr[NC];       /* a reader's share's id, as its claim answered it (0019) */
 byte rsh[NC];       /* the reply to a reader's claim: the share's id */
 #define CLEAR_EXTRA(c) rsh[c] = 0
 #define SHARE_OF(c) shr[c]
@@ -300,7 +300,7 @@ byte rx[NC * SLOTS];
 #define SET_EXTRA(i, v) rx[i] = (v)
 #define MOVE_EXTRA(i) rx[i] = rx[(i) + 1]; rx[(i) + 1] = 0
 #elif READERS
-/* A reader's renewal and release name its share's id beside its epoch (0018). */
+/* A reader's renewal and release name its share's id beside its epoch (0019). */
 byte rx[NC * SLOTS];
 #define EXTRA(c, f) (st[c] == HELD -> shr[c] : 0)
 #define SET_EXTRA(i, v) rx[i] = (v)

@@ -1,5 +1,5 @@
 /*
- * pylease's SQL of readers and writers (migrations 0013 and 0018, contract 5.2) on one
+ * pylease's SQL of readers and writers (migrations 0013 and 0019, contract 5.2) on one
  * lease name: the lease row (sql.pml's `row`) and the readers' table, pylease_shared, as
  * the server runs it. Readers are clients 0..READERS-1, holders 1..READERS: share k is
  * holder k+1's.
@@ -9,7 +9,7 @@
  * writer (sql.pml's lease_claim) is granted only when the row is free and no unexpired
  * share of its epoch remains (READERS_LIVE, defined here before sql.pml is read), and
  * its grant deletes the name's shares (DROP_SHARES). Each share has an id of its own
- * (0018), drawn when it is made; the readers' holders are explicit, so their claims
+ * (0019), drawn when it is made; the readers' holders are explicit, so their claims
  * are pylease_claim_shared's new tenures, and their renewals and releases name the
  * share's epoch and id. Each call is one statement and runs atomically; the FOR KEY
  * SHARE lock a reader's claim and renewal take on the lease row only orders them
@@ -30,7 +30,7 @@
 bool shx[READERS];      /* the share of holder k+1 exists */
 byte shep[READERS];     /* its epoch */
 byte shl[READERS];      /* expires_at - now while positive, as a row's `left` */
-byte shid[READERS];     /* its id (0018): each new share draws the next */
+byte shid[READERS];     /* its id (0019): each new share draws the next */
 byte nshare;            /* the last id drawn (pylease_share_ids) */
 
 #define SH(h) ((h) - 1)
@@ -101,7 +101,7 @@ inline lease_renew_shared(h, t, e, s, ok, granted) {
 /* pylease_release_share(name, holder, epoch, share): deletes its share of that epoch
    with that id; true while it held. MUT_READER_RELEASE_BY_EPOCH: whatever the id, as
    lease_release(name, holder, NULL, epoch) does, and as the Python API released before
-   0018: a late release of an earlier block deletes the later block's share. */
+   0019: a late release of an earlier block deletes the later block's share. */
 inline lease_release_shared(h, e, s, ok) {
     if
 #ifdef MUT_READER_RELEASE_BY_EPOCH

@@ -189,7 +189,7 @@ class ClaimAll:
 class Share(NamedTuple):
     """A reader's grant: its epoch (the fence it is logged with, ``held.fence``) and the
     share's id, which its renewals and its release name (None on a schema before
-    pylease-0018, where a reader's tenure is its epoch alone)."""
+    pylease-0019, where a reader's tenure is its epoch alone)."""
 
     epoch: int
     share: int | None
@@ -220,7 +220,7 @@ class SharedClaim:
         try:
             grant = await b.claim_share(self.name, self.ttl, self.holder, new=self.new)
         except SchemaMissing:
-            # A schema before pylease-0018 (a missing schema fails here again): the
+            # A schema before pylease-0019 (a missing schema fails here again): the
             # share is named by its epoch alone.
             epoch = await b.claim_shared(self.name, self.ttl, self.holder)
             return None if epoch is None else Share(epoch, None)

@@ -445,7 +445,7 @@ class Backend:
         self, name: str, ttl: timedelta, holder: str, *, new: bool = False
     ) -> tuple[int, int] | None:
         """A reader's claim answering (epoch, the share's id) when granted, None when busy
-        (``pylease_claim_shared``, 0018). ``new``: a new share, busy while ``holder``'s
+        (``pylease_claim_shared``, 0019). ``new``: a new share, busy while ``holder``'s
         own share is live (another process, or an earlier block, uses this holder)."""
         params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
         rows = self._call(CLAIM_SHARE_NEW if new else CLAIM_SHARE, params, name)
@@ -455,7 +455,7 @@ class Backend:
 
     def release_share(self, name: str, holder: str, epoch: int, share: int) -> bool:
         """Give back the share ``share`` of epoch ``epoch`` of the reader ``holder``
-        (``pylease_release_share``, 0018): True when it was still its own. A late release
+        (``pylease_release_share``, 0019): True when it was still its own. A late release
         of an earlier share of the same holder frees nothing of a later one."""
         params = (
             _checks.key("name", name),

@@ -271,7 +271,7 @@ CLAIM_SHARED = Operation(
     ("name", "ttl_seconds", "holder"),
     VALUE,
 )
-# A reader's claim as the Python API and the command line make it (migration 0018;
+# A reader's claim as the Python API and the command line make it (migration 0019;
 # SQLite 0009): the epoch and the share's id, which the release and the keeper's
 # renewal name, so that a reused holder's earlier block never touches a later share.
 # PostgreSQL answers one row, NULLs when busy; SQLite no row. With a holder the caller

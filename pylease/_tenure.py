@@ -196,9 +196,9 @@ def _release_lease(
 
 
 def _release_share(run: Run, name: str, holder: str, epoch: int, share: int) -> bool:
-    """A reader's share, named by its epoch and its id (0018): a late release of this
+    """A reader's share, named by its epoch and its id (0019): a late release of this
     block frees nothing of a later share of the same holder (a later block, or another
-    process with this explicit holder). On a schema before pylease-0018, the share of
+    process with this explicit holder). On a schema before pylease-0019, the share of
     the holder with that epoch, as before."""
 
     def tenure(b: Backend) -> bool:

@@ -180,7 +180,7 @@ def test_a_waiting_writer_keeps_new_readers_out(db: Db) -> None:
 
 
 def share_id(db: Db, name: str, holder: str) -> int | None:
-    """The id of ``holder``'s share of ``name`` (migration 0018; SQLite 0009)."""
+    """The id of ``holder``'s share of ``name`` (migration 0019; SQLite 0009)."""
     mark = "?" if db.kind == "sqlite" else "%s"
     row = (
         db.backend()

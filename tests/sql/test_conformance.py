@@ -2209,7 +2209,7 @@ def test_the_keepers_renewal_of_a_reader_names_its_epoch(backend: Backend) -> No
 def test_a_reused_readers_earlier_share_is_never_released_or_renewed_for_a_later_one(
     backend: Backend,
 ) -> None:
-    """A reader's share has an id of its own (PostgreSQL 0018, SQLite 0009): a holder
+    """A reader's share has an id of its own (PostgreSQL 0019, SQLite 0009): a holder
     reused by a later block (or another process) gets a new share once the earlier one
     expired, and the earlier block's late release or renewal, which names the earlier
     id, touches nothing of it; a writer stays busy beside the later share."""

@@ -1,4 +1,4 @@
-"""A reader's share has an identity of its own (migration 0018; issue 25, contract 5.2
+"""A reader's share has an identity of its own (migration 0019; issue 25, contract 5.2
 and 5.6), scripted on two PostgreSQL sessions.
 
 Each session is a block of one explicit holder: the earlier one's statements (its

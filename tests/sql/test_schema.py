@@ -41,7 +41,7 @@ MIGRATIONS = [
     "pylease-0016-data",
     "pylease-0017-permit-claim",
     "pylease-0018-renew-held",
-    "pylease-0018-shares",
+    "pylease-0019-shares",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -90,7 +90,7 @@ FUNCTIONS = (
     "pylease_claim",
     "pylease_permit_claim",
     "pylease_claim_all",
-    # 0018: a reader's claim answering its share's id, and the release naming it.
+    # 0019: a reader's claim answering its share's id, and the release naming it.
     "pylease_claim_shared",
     "pylease_release_share",
 )
@@ -116,7 +116,7 @@ WRAPPERS = {
     # 0014
     ("permit_release", "name text, holder text"),
     ("lease_release_all", "names text[], holder text"),
-    # 0018
+    # 0019
     ("lease_claim_shared", "name text, ttl interval, holder text"),
     ("pylease_release_shared", "lease text, reader text, epoch bigint"),
 }

@@ -1,4 +1,4 @@
--- Undo pylease 0018 (shares): readers' shares without an id of their own;
+-- Undo pylease 0019: readers' shares without an id of their own;
 -- lease_claim_shared and pylease_release_shared as 0013 defined them, pylease_renew_held
 -- as pylease-0018-renew-held did.
 

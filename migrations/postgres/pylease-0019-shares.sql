@@ -1,4 +1,4 @@
--- pylease 0018: a reader's share has an identity of its own (issue 25; contract 5.2
+-- pylease 0019: a reader's share has an identity of its own (issue 25; contract 5.2
 -- and 5.6). Keep sql/postgres/schema.sql in step.
 --   * pylease_shared gains share, an id drawn from the sequence pylease_share_ids by
 --     every new share (a retried claim of the same share keeps it);
@@ -396,7 +396,7 @@ BEGIN
     END IF;
 
     -- Readers, as lease_renew: while their epoch is still the name's fence, and is
-    -- fences[i], and their share is slots[i] (the share's id: its tenure, 0018).
+    -- fences[i], and their share is slots[i] (the share's id: its tenure, 0019).
     IF 'shared' = ANY (pylease_renew_held.kinds) THEN
         WITH wanted AS (
             SELECT u.n, u.h, u.t, pylease_renew_held.fences[u.i] AS f,
