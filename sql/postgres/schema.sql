@@ -2237,7 +2237,7 @@ COMMENT ON FUNCTION lease_release_all(text[], text, bigint[]) IS
 -- while it holds slot slots[i] with fence fences[i], and answers the earliest expiry
 -- of its slots; 'shared' renews the share of the reader holders[i] of the lease
 -- names[i] while its epoch is still the name's fence and is fences[i], and its share's
--- id is slots[i] (a reader's tenure: 0018); 'member' renews the member holders[i] of the group names[i], as
+-- id is slots[i] (a reader's tenure: 0019); 'member' renews the member holders[i] of the group names[i], as
 -- group_renew does, while it is live with the incarnation fences[i] (0015). A NULL
 -- fences or slots (array or element) matches any tenure of the holder. So a late renewal of an earlier tenure (sent before it expired and was
 -- granted to the same holder again) renews nothing. Each at its own ttl (NULL: its
@@ -2348,7 +2348,7 @@ BEGIN
     END IF;
 
     -- Readers, as lease_renew: while their epoch is still the name's fence, and is
-    -- fences[i], and their share is slots[i] (the share's id: its tenure, 0018).
+    -- fences[i], and their share is slots[i] (the share's id: its tenure, 0019).
     IF 'shared' = ANY (pylease_renew_held.kinds) THEN
         WITH wanted AS (
             SELECT u.n, u.h, u.t, pylease_renew_held.fences[u.i] AS f,
