@@ -7,6 +7,8 @@ replicated pair, the CLI run in-process) live in ``tests/support/``.
 import os
 import signal
 
+import pytest
+
 pytest_plugins = ["tests.fixtures.database", "tests.fixtures.keeper", "tests.fixtures.waiting"]
 
 # tests/soak runs for minutes: `make soak` sets PYLEASE_SOAK_GRANTS, and only then is it
@@ -14,7 +16,7 @@ pytest_plugins = ["tests.fixtures.database", "tests.fixtures.keeper", "tests.fix
 collect_ignore = [] if os.environ.get("PYLEASE_SOAK_GRANTS") else ["soak"]
 
 
-def pytest_configure(config: object) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     # Tests of Ctrl-C send SIGINT to this process or to the processes it starts. A run
     # started as a background job of a shell without job control (nohup cmd &, a CI
     # runner's) inherits SIGINT ignored and passes that on through exec: no
