@@ -18,7 +18,9 @@ class Scale:
     rounds: int = 9  # interleaved rounds per comparison (medians over these)
     cycle_ops: int = 200  # claim+release cycles per round
     busy_ops: int = 1000  # busy claims per round
-    python_ops: int = 600  # `with lease()` cycles per round: a few slow flushes must not decide a round
+    python_ops: int = (
+        600  # `with lease()` cycles per round: a few slow flushes must not decide a round
+    )
     renew_leases: int = 1000  # leases renewed one by one vs in one renew_many
     renew_rounds: int = 5
     tick_sizes: tuple[int, ...] = (1, 100, 1000, 10000)
@@ -35,6 +37,8 @@ class Scale:
     peer_rounds: int = 7
     function_ops: int = 50  # section 9: short rounds, so that paired neighbours share the load
     function_rounds: int = 25
+    stepdowns: int = 20  # section 14: lease_request_release to a standby's first work
+    rebalances: int = 3  # section 13: a join and a crash of a member, each timed
 
 
 FULL = Scale()
@@ -59,6 +63,8 @@ SMOKE = Scale(
     peer_rounds=2,
     function_ops=5,
     function_rounds=2,
+    stepdowns=1,
+    rebalances=1,
 )
 
 

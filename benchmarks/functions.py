@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from benchmarks._core import Context, Section, Target, holder_id, unique
 from benchmarks._cpu import backend_pid, cpu_seconds
@@ -32,8 +33,11 @@ CLAIM_COUNTERS = re.compile(
     r",\s*grants\s*=\s*l\.grants \+ 1,\s*takeovers\s*=\s*l\.takeovers \+ CASE WHEN s_freed"
     r" THEN 0 ELSE 1 END"
 )
-# lease_claim's three arguments: the body's new_tenure is false for it.
-CLAIM_ARGS = ("new_tenure boolean)", "new_tenure boolean DEFAULT false)")
+# lease_claim's three arguments: the body's new_tenure is false for it, its data NULL.
+CLAIM_ARGS = (
+    "new_tenure boolean, data jsonb)",
+    "new_tenure boolean DEFAULT false, data jsonb DEFAULT NULL)",
+)
 RELEASE_COUNTERS = re.compile(r",\s*releases\s*=\s*l\.releases \+ 1")
 # The guards the contract asks of every function, taken out for the "bare" copies: the
 # pinned search_path of SECURITY DEFINER, the claim's bounded wait for a fenced
@@ -120,7 +124,7 @@ def install_variants(conn: psycopg.Connection[Any]) -> None:
     lease_claim's body is pylease_claim (migration 0012; lease_claim is an SQL function
     inlined into its caller's statement): its copies take lease_claim's three arguments.
     """
-    claim = _definition(conn, "pylease_claim(text, interval, text, boolean)")
+    claim = _definition(conn, "pylease_claim(text, interval, text, boolean, jsonb)")
     release = _definition(conn, "lease_release(text, text, interval)")
     for text in (
         _variant(claim, "pylease_claim", "bench_claim_nofloor", [CLAIM_ARGS, (FLOOR_EXPR, "1")]),
@@ -181,10 +185,19 @@ def cycle(
     release_fn: str,
     split: dict[str, list[float]],
     meter: CpuMeter,
+    *,
+    name: str | None = None,
+    data: object = None,
 ) -> Callable[[int], float]:
-    """Claim + release of one name, n times; claim and release timed apart (wall and CPU)."""
-    name, holder = unique("fn"), holder_id("fn")
-    claim_sql = f"SELECT {claim_fn}(%s, %s, %s)"
+    """Claim + release of one name, n times; claim and release timed apart (wall and CPU).
+
+    With ``data``, each claim is the 4-argument one that records it with the grant.
+    """
+    name, holder = name or unique("fn"), holder_id("fn")
+    claim_args: tuple[Any, ...] = (name, TTL, holder)
+    if data is not None:
+        claim_args += (Jsonb(data),)
+    claim_sql = f"SELECT {claim_fn}({', '.join(['%s'] * len(claim_args))})"
     release_sql = f"SELECT {release_fn}(%s, %s)"
 
     def run(n: int) -> float:
@@ -195,7 +208,7 @@ def cycle(
         for _ in range(n):
             c0 = meter.now()
             t0 = clock()
-            cur.execute(claim_sql, (name, TTL, holder))
+            cur.execute(claim_sql, claim_args)
             granted = cur.fetchone()
             t1 = clock()
             c1 = meter.now()

@@ -5,11 +5,19 @@ keeper's one statement per tick (``pylease_renew_held``: one 'member' element an
 'lease' elements, each in its tenure). Its floor is one ``lease_renew_many`` of 65
 leases, the statement a keeper of 65 plain leases would send. Interleaved rounds on
 one connection each.
+
+Rebalance time, in ttls: how long after a member joins, or after a member is killed
+(SIGKILL, its membership left to expire), every partition is held by the member the
+group's assignment gives it. The members are real ``partitions()`` blocks: two threads
+of this process and a child process that is killed.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,9 +25,20 @@ import psycopg
 
 from benchmarks._core import Context, Section, Target, unique
 from benchmarks._stats import Contender, fmt_time, interleave, spread_text, summary
+from pylease import partitions
 
 PARTITIONS = 64
 TTL = timedelta(minutes=10)
+# Short, so that a killed member's expiry is waited out quickly; a member's keeper
+# renews at a third of it.
+REBALANCE_TTL = 2.0
+# What a rebalance may take before the section fails, in ttls: a liveness bound.
+REBALANCE_BOUND = 30
+SETTLED = (
+    "SELECT count(*) FROM group_assignment(%s, %s) AS a"
+    " JOIN LATERAL lease_status(%s || '#' || a.part) AS s ON true"
+    " WHERE s.held AND s.holder = a.member"
+)
 RENEW_HELD = (
     "SELECT count(*) FILTER (WHERE renewed) FROM pylease_renew_held("
     "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])"
@@ -80,6 +99,75 @@ def leases_tick(conn: psycopg.Connection[Any]) -> Any:
     return run
 
 
+def _member(dsn: str, grp: str, member: str, stop: threading.Event | None = None) -> None:
+    """A member owning its partitions until ``stop`` (in a child process: until killed)."""
+    with partitions(dsn, grp, PARTITIONS, ttl=REBALANCE_TTL, member=member):
+        while stop is None:
+            time.sleep(1)
+        stop.wait()
+
+
+def _ttls(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _settled(conn: psycopg.Connection[Any], grp: str, members: int) -> Callable[[], bool]:
+    """Whether ``members`` are live and every partition is held by the member the
+    assignment gives it."""
+
+    def check() -> bool:
+        live = conn.execute("SELECT count(*) FROM group_members(%s)", (grp,)).fetchone()
+        if live != (members,):
+            return False
+        row = conn.execute(SETTLED, (grp, PARTITIONS, grp)).fetchone()
+        return row is not None and row[0] == PARTITIONS
+
+    return check
+
+
+def _until(done: Callable[[], bool], what: str) -> float:
+    """Seconds until ``done()``, polled every 10 ms."""
+    start = time.perf_counter()
+    while not done():
+        if time.perf_counter() - start > REBALANCE_BOUND * REBALANCE_TTL:
+            raise RuntimeError(f"bench: {what} did not settle within {REBALANCE_BOUND} ttls")
+        time.sleep(0.01)
+    return time.perf_counter() - start
+
+
+def rebalances(ctx: Context, rounds: int) -> tuple[list[float], list[float]]:
+    """Per round: the time from a join to the settled assignment, and from a member's
+    SIGKILL to it, in ttls."""
+    joins: list[float] = []
+    crashes: list[float] = []
+    spawn = multiprocessing.get_context("spawn")
+    with ctx.connect() as conn:
+        for _ in range(rounds):
+            grp = unique("rebalance")
+            stop = threading.Event()
+            threads = [
+                threading.Thread(target=_member, args=(ctx.dsn, grp, m, stop), daemon=True)
+                for m in ("a", "b")
+            ]
+            child = spawn.Process(target=_member, args=(ctx.dsn, grp, "c"), daemon=True)
+            try:
+                threads[0].start()
+                _until(_settled(conn, grp, 1), "the first member")
+                threads[1].start()
+                joins.append(_until(_settled(conn, grp, 2), "a join") / REBALANCE_TTL)
+                child.start()
+                _until(_settled(conn, grp, 3), "a third member's join")
+                child.kill()
+                crashes.append(_until(_settled(conn, grp, 2), "a kill") / REBALANCE_TTL)
+            finally:
+                if child.is_alive():
+                    child.kill()
+                stop.set()
+                for t in threads:
+                    t.join(timeout=REBALANCE_BOUND * REBALANCE_TTL)
+    return joins, crashes
+
+
 def bench_groups(ctx: Context) -> Section:
     s = ctx.scale
     section = Section(
@@ -115,9 +203,20 @@ def bench_groups(ctx: Context) -> Section:
             f"renew_many {fmt_time(result.median(floor_label))}",
         )
     )
-    section.notes.append(
-        "Rebalance time after a join and after a crash (issue 27) is not measured here yet; "
-        "tests/api/test_groups_witness.py bounds it at two ttls."
+    joins, crashes = rebalances(ctx, s.rebalances)
+    section.extra.append(
+        {
+            "title": f"Rebalance of {PARTITIONS} partitions, ttl {REBALANCE_TTL:g} s "
+            f"({s.rebalances} rounds)",
+            "header": ["change", "until settled, in ttls: median [min..max]"],
+            "rows": [
+                ["a member joins (2 members)", spread_text(summary(joins), _ttls)],
+                ["a member is killed (3 to 2)", spread_text(summary(crashes), _ttls)],
+            ],
+        }
     )
-    section.data = {"per_op_seconds": {k: result.summary(k) for k in result.labels}}
+    section.data = {
+        "per_op_seconds": {k: result.summary(k) for k in result.labels},
+        "rebalance_ttls": {"join": summary(joins), "crash": summary(crashes)},
+    }
     return section

@@ -23,6 +23,7 @@ from benchmarks import report
 from benchmarks._core import FULL, SMOKE, Context, Section, Target
 from benchmarks._db import install_bench_schema, machine, recreate
 from benchmarks.contention import bench_contention
+from benchmarks.data import bench_data
 from benchmarks.fleet import bench_fleet
 from benchmarks.functions import bench_functions
 from benchmarks.groups import bench_groups
@@ -50,6 +51,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "startup": bench_startup,
     "permits": bench_permits,
     "groups": bench_groups,
+    "data": bench_data,
 }
 
 

@@ -109,6 +109,10 @@ if [ "$set_name" = deep ]; then
     verify pass readers-writer-blocks all -DSLOW=1 -DREADERS=1 -DBLOCKS=2 -DBLOCKS0=1
     verify pass readers-two-slow  all -DSLOW=1 -DREADERS=2 -DNC=3 -DTRIES=1 -DKEEPERS=1
     verify pass readers-two-retries all -DSLOW=0 -DREADERS=2 -DNC=3 -DKEEPERS=1
+    verify pass stepdown-kept     all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2
+    verify pass stepdown-slow     all    -DSLOW=1 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1
+    verify pass stepdown-writes   all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DWRITES=1 -DKEEPERS=1
+    verify pass stepdown-steal    all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DSTEAL=1
 else
     # One configuration per feature: a clean model, then each feature on its own.
     verify pass base           all    -DSLOW=0
@@ -142,6 +146,10 @@ else
     verify pass readers-min-hold all    -DSLOW=0 -DREADERS=1 -DMIN_HOLD=2
     verify pass readers-two      all    -DSLOW=0 -DREADERS=2 -DNC=3 -DTRIES=1 -DKEEPERS=1
     verify pass readers-writers  all    -DSLOW=0 -DREADERS=1 -DNC=3 -DTRIES=1 -DKEEPERS=2
+    # Step-down requests (issue 26, contract 5.4): an operator asks whoever holds; client
+    # 0's keeper is told by a renewal, it stops its work, releases, and claims again with
+    # its holder; client 1, without a keeper (one ttl), is the other candidate.
+    verify pass stepdown         all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1
 fi
 
 # Every property has a seeded bug that must be caught (issue 21 items 5, 17, 18 among them).
@@ -180,6 +188,13 @@ verify fail reader-holds-without-lock  epoch_fenced -DSLOW=0 -DREADERS=1 -DWRITE
 # continues the share, and the earlier release (of the same epoch) deletes it under
 # its believer (docs/model.md, "A reused explicit holder of a reader").
 verify gap  readers-reused-holder      rw_exclusion -DSLOW=0 -DREADERS=1 -DBLOCKS0=2
+# Step-down requests (issue 26). A holder that stepped down believes again, in a new
+# term: a state the search reaches (new_term had a second term to judge).
+verify reach stepdown-leads-again      leads_again  -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1
+verify fail release-before-stop        belief       -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DMUT_RELEASE_BEFORE_STOP
+verify fail request-cleared-on-answer  request_kept -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DMUT_REQUEST_CLEARED_ON_ANSWER
+verify fail reclaim-released           new_term     -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DMUT_RECLAIM_RELEASED
+verify fail request-outlives-tenure    new_term     -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DMUT_REQUEST_OUTLIVES_TENURE
 
 echo "model-check ($set_name): done in $(( $(date +%s) - start_all ))s"
 if [ "$failed" -ne 0 ]; then

@@ -8,6 +8,7 @@
  * The caller's fence argument is 5 (its tenure's), 4 (an earlier tenure's).
  */
 
+#define STEPDOWN 1   /* lease_request_release (migration 0016) */
 #include "sql.pml"
 
 #define ME     1
@@ -19,7 +20,7 @@
 
 #define NOW 10   /* the table's moment, in ticks */
 #define N_STATES 9
-#define N_OPS    13
+#define N_OPS    14
 
 byte out, acq, granted;
 bool ok;
@@ -37,7 +38,7 @@ inline put_row(h, f, rel, a, e) {
 inline setup(s) {
     row.exists = 0; row.holder = 0; row.fence = 0; row.released = 0;
     row.age = 0; row.left = 0; row.ttl = 0;
-    keylock = 0;
+    keylock = 0; req = 0; reqf = 0;
     if
     :: s == 0 -> printf("free")
     :: s == 1 -> printf("held_by_caller");  put_row(ME, 5, 0, 7, 13)
@@ -82,6 +83,7 @@ inline apply(o) {
     :: o == 10 -> printf("\tholds(me,fence=5)\t");      lease_holds(ME, 5, ok); say_bool(ok)
     :: o == 11 -> printf("\trenew(me,fence=5)\t");      lease_renew(ME, 0, 5, ok, granted); say_bool(ok)
     :: o == 12 -> printf("\trenew(me,fence=4)\t");      lease_renew(ME, 0, 4, ok, granted); say_bool(ok)
+    :: o == 13 -> printf("\trequest_release(me)\t");    lease_request_release(ok); say_bool(ok)
     fi
 }
 

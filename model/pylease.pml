@@ -13,11 +13,13 @@
  *
  * Properties (one line each, at the end): belief, fenced, fence_once; with PERMITS,
  * permits and fence_grows; with NAMES, all_or_nothing, no_deadlock and fence_grows;
- * with READERS, rw_exclusion, epoch_fenced, and readers_overlap (a state to reach).
+ * with READERS, rw_exclusion, epoch_fenced, and readers_overlap (a state to reach);
+ * with STEPDOWN, request_kept, new_term, and leads_again (a state to reach).
  * Configuration and mutants are -D macros; see check.sh and docs/model.md. Mutants
  * here: MUT_BELIEF_FROM_ARRIVAL, MUT_NO_DRIFT_MARGIN (issue 21 item 18),
  * MUT_LATE_ANSWER_REVIVES with MUT_RENEW_NO_FENCE, MUT_RELEASE_NO_FENCE (item 17, with
- * sql.pml's); the SQL's are listed in sql.pml and sql_permits.pml.
+ * sql.pml's), MUT_RELEASE_BEFORE_STOP (STEPDOWN); the SQL's are listed in sql.pml and
+ * sql_permits.pml.
  */
 
 /* ---- Configuration (override with -D) ------------------------------------------- */
@@ -76,6 +78,11 @@
 #define READERS 0       /* N > 0: clients 0..N-1 are readers (lease(..., shared=True)),
                            the others writers, of the one name (sql_readers.pml) */
 #endif
+#ifndef STEPDOWN
+#define STEPDOWN 0      /* N > 0: an operator's lease_request_release calls (contract 5.4):
+                           the holder asked is told by its keeper's renewal, stops its work,
+                           then releases */
+#endif
 #define SLOTS 2         /* requests a client may have outstanding (sent, not yet run) */
 #define KINDS (PERMITS > 0 || NAMES > 0)
 #if READERS && (KINDS || HELPER || STEAL || FAILOVER || !EXPLICIT || READERS > 2 || READERS >= NC)
@@ -83,6 +90,9 @@
 #endif
 #if KINDS && (HELPER || STEAL || FAILOVER || MIN_HOLD || !EXPLICIT)
 #error "PERMITS and NAMES model explicit holders without helper, steal, failover, min_hold"
+#endif
+#if STEPDOWN && (KINDS || READERS || FAILOVER || HELPER)
+#error "STEPDOWN is a lease's, on one server, without helper"
 #endif
 #if PERMITS && NAMES
 #error "PERMITS and NAMES are configurations of their own"
@@ -197,6 +207,7 @@ inline replicate() {
 #define CLAIMING  1
 #define HELD      2
 #define DONE      3
+#define ENDING    4     /* MUT_RELEASE_BEFORE_STOP: released, its work still running */
 
 #define OP_CLAIM   1
 #define OP_RENEW   2
@@ -230,8 +241,26 @@ byte txs[NC];       /* the slot of its open fenced transaction */
 byte fb[NC];        /* a claim of both names: the fence of B (fen: of A) */
 byte rvb[NC];       /* the reply to it: the fence of B */
 #define CLEAR_EXTRA(c) rvb[c] = 0
+#elif STEPDOWN
+bool rrq[NC];       /* the reply to a renewal: release_requested_by is set */
+bool rdue[NC];      /* ghost: ... and that renewal ran on a tenure asked to step down */
+#define CLEAR_EXTRA(c) rrq[c] = 0; rdue[c] = 0
 #else
 #define CLEAR_EXTRA(c) skip
+#endif
+#if STEPDOWN
+bool told[NC];      /* held.release_requested: a renewal answered a step-down request */
+bool stopped[NC];   /* told, the holder stopped its work (pylease run: CMD stopped) */
+byte sdf[NC];       /* ghost: the fence of the last tenure it stepped down from */
+bool missed;        /* a renewal accepted after the request, and the holder not told */
+bool refence;       /* a holder that stepped down was granted a fence not above it */
+bool spurious;      /* a holder told of a request made of another tenure */
+/* Kept only where a later block may claim again: a state fewer otherwise. */
+#define STEPPED_DOWN(c) \
+    if \
+    :: ((c) == 0 && blk[c] + 1 < BLOCKS0) || ((c) > 0 && blk[c] + 1 < BLOCKS) -> sdf[c] = fen[c] \
+    :: else -> skip \
+    fi
 #endif
 
 #if NAMES
@@ -291,7 +320,13 @@ inline unlock(i) {
 
 /* Held.lost is False and Held.check() passes: not lost, block not left, and the local
    clock before the belief deadline, Ticket.expires - margin (issue 21 item 18). */
+#if STEPDOWN
+/* A holder that stepped down believes no longer once its work stopped (its tenure is
+   still its own until the release); ENDING is a release sent while the work runs. */
+#define BELIEVES(c) (((st[c] == HELD && !lost[c]) || st[c] == ENDING) && el[c] > MARGIN && !stopped[c])
+#else
 #define BELIEVES(c) (st[c] == HELD && !lost[c] && el[c] > MARGIN)
+#endif
 
 /* Ticket.expires = sent_at + granted, as local ticks from now: the keeper counts from
    when it SENT the request (Ticket(sent_at=...), Ticket.renewed(sent_at, granted)). */
@@ -394,6 +429,8 @@ inline next_block(c) {
     sl[c] = 0;
 #elif NAMES
     fb[c] = 0;
+#elif STEPDOWN
+    told[c] = 0; stopped[c] = 0;
 #endif
     blk[c]++;
     if
@@ -468,6 +505,12 @@ end:
 #endif
             el[c] = EXPIRES_IN(c, TTL);
             pre[c] = 0; tries[c] = 0;
+#if STEPDOWN
+            if
+            :: sdf[c] != 0 && fen[c] <= sdf[c] -> refence = 1
+            :: else -> skip
+            fi;
+#endif
             if
             :: READER(c) -> printf("client %d: acquire() granted epoch %d, believes %d ticks\n", c, fen[c], el[c])
             :: else -> printf(SAYS_GRANT, c, GRANT_ARGS(c), el[c])
@@ -496,7 +539,24 @@ end:
         if
         :: rval[c] && !lost[c] && !LATE_ANSWER(c) ->
             el[c] = MAX2(el[c], EXPIRES_IN(c, rgr[c]));
-            printf("client %d: keeper renewed: believes %d ticks\n", c, el[c])
+            printf("client %d: keeper renewed: believes %d ticks\n", c, el[c]);
+#if STEPDOWN
+            /* tell_release_requested(): held.release_requested, on_release_requested */
+            if
+            :: rrq[c] && !told[c] ->
+                told[c] = 1; printf("client %d: keeper: asked to step down\n", c)
+            :: else -> skip
+            fi;
+            if
+            :: rdue[c] && !told[c] -> missed = 1
+            :: else -> skip
+            fi;
+            if
+            :: rrq[c] && reqf != fen[c] -> spurious = 1
+            :: else -> skip
+            fi;
+#endif
+            skip
         :: else -> lost[c] = 1; el[c] = 0; printf("client %d: keeper: lost\n", c)
         fi;
         aw[c] = NOSLOT; since[c] = 0; rdone[c] = 0; rval[c] = 0; rgr[c] = 0; CLEAR_EXTRA(c) }
@@ -560,6 +620,23 @@ end:
         txn[c] = 0; txl[c] = 0; txf[c] = 0;
         SYNC_COMMIT }
 #endif
+#if STEPDOWN
+#ifndef MUT_RELEASE_BEFORE_STOP
+    /* told to step down: `pylease run` stops CMD as for a loss (SIGTERM, SIGKILL after
+       --kill-after) and waits for it; run_as_leader's work returns. The work ends here;
+       the tenure is still its own (the keeper renews on) until the block ends below. */
+    :: d_step { st[c] == HELD && told[c] && !stopped[c] ->
+        stopped[c] = 1; STEPPED_DOWN(c);
+        printf("client %d: steps down: its work stops (fence %d)\n", c, fen[c]) }
+#else
+    /* the release sent while the work still runs, which stops after */
+    :: d_step { st[c] == HELD && told[c] && !stopped[c] && aw[c] == NOSLOT && FREE_SLOT(c) ->
+        send(c, OP_RELEASE, fen[c]); aw[c] = NOSLOT; since[c] = 0; STEPPED_DOWN(c); st[c] = ENDING;
+        printf("client %d: steps down: sends lease_release(fence %d), its work still running\n", c, fen[c]) }
+    :: d_step { st[c] == ENDING ->
+        printf("client %d: its work stops\n", c); next_block(c) }
+#endif
+#endif
     /* the block ends: keeper.remove() (the tick under way answered or abandoned), then
        lease_release(name, holder, min_hold, fence); from here Held reads as lost. Its
        answer changes nothing the model tracks: the block may end before it arrives,
@@ -586,6 +663,10 @@ end:
 byte out, acq, granted;
 bool ok;
 byte steals, helps;
+#if STEPDOWN
+bool asked;         /* scratch: a renewal's release_requested_by */
+byte asks;          /* the operator's requests made */
+#endif
 
 /* The reply to request i goes back only if its sender still waits for it. */
 #define ANSWER(i, v) \
@@ -797,7 +878,18 @@ inline run_request(i) {
         fi
     :: rop[i] == OP_RENEW && !READER(i / SLOTS) ->
         lease_renew(rh[i], TTL, rf[i], ok, granted); SYNC_COMMIT;
+#if STEPDOWN
+        renew_answers_request(ok, asked);
+        printf("server: pylease_renew_held(holder %d, fence %d) = %d, granted %d, release requested %d\n", rh[i], rf[i], ok, granted, asked);
+        if
+        :: aw[i / SLOTS] == i ->
+            rrq[i / SLOTS] = asked; rdue[i / SLOTS] = (ok && reqf == row.fence)
+        :: else -> skip
+        fi;
+        asked = 0;
+#else
         printf("server: pylease_renew_held(holder %d, fence %d) = %d, granted %d\n", rh[i], rf[i], ok, granted);
+#endif
         if
         :: aw[i / SLOTS] == i -> rdone[i / SLOTS] = 1; rval[i / SLOTS] = ok; rgr[i / SLOTS] = granted
         :: else -> skip
@@ -856,6 +948,13 @@ end:
     :: d_step { steals < STEAL && keylock == 0 ->
         steals++; lease_steal(200, TTL, out); SYNC_COMMIT;
         printf("operator: lease_steal = %d\n", out); out = 0 }
+#endif
+#if STEPDOWN > 0
+    /* an operator's lease_request_release(name, requested_by) (`pylease request-release`),
+       while the lease is held: one that finds it free (false) changes nothing */
+    :: d_step { asks < STEPDOWN && row.exists && !row.released && row.left > 0 ->
+        asks++; lease_request_release(ok);
+        printf("operator: lease_request_release = %d (row: holder %d fence %d)\n", ok, row.holder, row.fence); ok = 0 }
 #endif
 #if HELPER > 0
     /* keep_fresh(target, name, holder, ttl=short) / `pylease renew --ttl` */
@@ -1068,7 +1167,21 @@ ltl all            { [] (NOBODY_WRONGED && RW_EXCLUSION && !stale_write && !stal
 ltl fence_once { [] !reissued }
 /* What one search of a configuration checks: the three at once, or (FAILOVER 2, where
    a lost grant is outside the promise) the two about fences. */
+#if STEPDOWN
+/* A step-down request is never lost: a renewal of the tenure asked, run after the
+   request, tells the holder when its answer is accepted (a lost reply loses nothing:
+   the next renewal answers it again). */
+ltl request_kept { [] !missed }
+/* A holder that stepped down and leads again has a new tenure: a fence above the one
+   it stepped down from, and no request of an earlier tenure. */
+ltl new_term   { [] !(refence || spurious) }
+/* Violated when client 0 believes again after stepping down: check.sh's `reach` line
+   wants that state found (new_term had a second term to judge). */
+ltl leads_again { [] !(sdf[0] != 0 && BELIEVES(0)) }
+ltl all        { [] (NOBODY_WRONGED && !stale_write && !reissued && !missed && !refence && !spurious) }
+#else
 ltl all        { [] (NOBODY_WRONGED && !stale_write && !reissued) }
+#endif
 ltl fences     { [] (!stale_write && !reissued) }
 #endif
 

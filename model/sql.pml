@@ -10,9 +10,13 @@
  * GRANTED(kind) before including this file: it runs at every new tenure; and, with
  * readers (sql_readers.pml), READERS_LIVE and DROP_SHARES.
  *
+ * With STEPDOWN (migration 0016, contract 5.4): the row's release_requested_by, set by
+ * lease_request_release and answered by the keeper's renewal.
+ *
  * Mutants (-D): MUT_RENEW_EARLIER, MUT_RECLAIM_EARLIER (issue 21 item 5),
  * MUT_NO_TIMELINE_FLOOR, MUT_RELEASE_ANY_HOLDER, MUT_RELEASE_NO_FENCE (item 17),
- * MUT_HOLDS_NOLOCK.
+ * MUT_HOLDS_NOLOCK; with STEPDOWN, MUT_REQUEST_CLEARED_ON_ANSWER,
+ * MUT_REQUEST_OUTLIVES_TENURE, MUT_RECLAIM_RELEASED.
  */
 
 #define BUSY        0    /* lease_claim / lease_steal answered NULL */
@@ -58,6 +62,21 @@ typedef Row {
 #endif
 
 Row row;
+#if STEPDOWN
+/* release_requested_by is set: the tenure's step-down request. It belongs to the
+   tenure: only a new tenure clears it (a release leaves it, and nothing reads it
+   after). Kept beside the row, not in it, so that the decision table's rows stay as
+   they are. */
+bool req;
+byte reqf;          /* ghost: the fence of the tenure asked to step down (0: none yet) */
+#ifdef MUT_REQUEST_OUTLIVES_TENURE
+#define NEW_TENURE_REQ skip     /* the grant's UPDATE without release_requested_by = NULL */
+#else
+#define NEW_TENURE_REQ req = 0
+#endif
+#else
+#define NEW_TENURE_REQ skip
+#endif
 byte timeline = 1;  /* the primary's timeline; a failover adds one */
 byte keylock;       /* open fenced transactions: lease_holds' FOR KEY SHARE locks */
 
@@ -101,8 +120,17 @@ inline new_tenure(h, t, kind) {
     row.age = 0;
     row.ttl = t;
     row.left = t;
+    NEW_TENURE_REQ;
     GRANTED(kind)
 }
+
+#ifdef MUT_RECLAIM_RELEASED
+/* The claim's "still ours" test without NOT s_freed: a released tenure of the holder
+   is taken up again, with its fence. */
+#define NOT_OURS(h) (row.holder != (h))
+#else
+#define NOT_OURS(h) (row.released || row.holder != (h))
+#endif
 
 /* lease_claim(name, ttl, holder): the fence, BUSY, or EXHAUSTED; acq: the tenure's
    acquired_at's age (now - acquired_at). */
@@ -113,13 +141,16 @@ inline lease_claim(h, t, out, acq) {
         row.fence = FLOOR;
         new_tenure(h, t, KIND_CLAIM);
         out = row.fence
-    :: row.exists && row.left > 0 && (row.released || row.holder != h) ->
+    :: row.exists && row.left > 0 && (NOT_OURS(h)) ->
         out = BUSY                           /* busy: one read, no lock, no WAL */
-    :: row.exists && !row.released && row.holder == h ->
+    :: row.exists && !(NOT_OURS(h)) ->
         row.ttl = t;                         /* still ours: idempotent, same fence */
         RECLAIM_EXPIRY(t);
+#ifdef MUT_RECLAIM_RELEASED
+        row.released = 0;
+#endif
         out = row.fence
-    :: row.exists && row.left == 0 && (row.released || row.holder != h) ->
+    :: row.exists && row.left == 0 && (NOT_OURS(h)) ->
         if
         :: row.fence == FENCE_MAX -> out = EXHAUSTED
         :: row.fence != FENCE_MAX && keylock > 0 ->
@@ -155,6 +186,32 @@ inline lease_renew(h, t, f, ok, granted) {
         granted = 0
     fi
 }
+
+#if STEPDOWN
+/* lease_request_release(name, requested_by): true while the lease is held (unexpired,
+   not released); the first request of the tenure is kept (coalesce). */
+inline lease_request_release(ok) {
+    if
+    :: row.exists && !row.released && row.left > 0 ->
+        req = 1; reqf = row.fence;
+        ok = 1
+    :: else -> ok = 0
+    fi
+}
+
+/* pylease_renew_held's release_requested_by of a lease renewed (ok): the tenure's
+   request, which stays set until the tenure ends, so that a lost reply loses nothing.
+   MUT_REQUEST_CLEARED_ON_ANSWER: cleared once answered. */
+inline renew_answers_request(ok, asked) {
+    asked = (ok && req);
+#ifdef MUT_REQUEST_CLEARED_ON_ANSWER
+    if
+    :: asked -> req = 0
+    :: else -> skip
+    fi
+#endif
+}
+#endif
 
 /* lease_release(name, holder, min_hold[, fence]); mh == 0 is a NULL min_hold. */
 inline lease_release(h, mh, f, ok) {

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from pylease._backend_async import AsyncBackend
 from pylease._held import Options
-from pylease._operations import LeaseRow, PermitRow
+from pylease._rows import LeaseRow, PermitRow
 
 #: What a granted attempt gives: a fence (a lease), slot -> fence (permits), name ->
 #: fence (several names).
@@ -69,19 +69,29 @@ class LeaseClaim:
     follows = False
     queues = True
 
-    def __init__(self, name: str, ttl: timedelta, holder: str, *, new: bool = False) -> None:
+    def __init__(
+        self, name: str, ttl: timedelta, holder: str, *, new: bool = False, data: object = None
+    ) -> None:
         self.name, self.ttl, self.holder, self.new = name, ttl, holder, new
+        # What the grant records (contract 5.4): a JSON value, None for none.
+        self.data = data
 
     async def claim(self, b: AsyncBackend) -> int | None:
         if self.new:
-            return await b.claim_new(self.name, self.ttl, self.holder)
-        return await b.claim(self.name, self.ttl, self.holder)
+            return await b.claim_new(self.name, self.ttl, self.holder, self.data)
+        return await b.claim(self.name, self.ttl, self.holder, self.data)
 
     async def claim_waiting(
         self, b: AsyncBackend, *, status: bool, queued_as: str | None
     ) -> tuple[int | None, list[LeaseRow] | None]:
         return await b.claim_waiting(
-            self.name, self.ttl, self.holder, status=status, queued_as=queued_as, new=self.new
+            self.name,
+            self.ttl,
+            self.holder,
+            status=status,
+            queued_as=queued_as,
+            new=self.new,
+            data=self.data,
         )
 
     async def status(self, b: AsyncBackend) -> list[LeaseRow]:
@@ -221,4 +231,4 @@ def lease_attempt(opts: Options, holder: str) -> LeaseClaim | SharedClaim:
     if opts.shared:
         return SharedClaim(opts.name, opts.ttl, holder)
     # A holder the caller chose may be another process's too: claim a new tenure.
-    return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None)
+    return LeaseClaim(opts.name, opts.ttl, holder, new=opts.holder is not None, data=opts.data)

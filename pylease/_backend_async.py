@@ -59,18 +59,24 @@ from pylease._operations import (
     RENEW_HELD,
     RENEW_HELD_ANY,
     RENEW_MANY,
+    REQUEST_RELEASE,
+    SET_DATA,
     STATUS,
     STATUS_PAGE,
     STEAL,
     UNWAIT,
+    UNWATCH,
     WAIT,
+    WATCH,
+    Operation,
+)
+from pylease._rows import (
     CounterRow,
     GroupRow,
     HolderRow,
     LeaseEvent,
     LeaseRow,
     MemberRow,
-    Operation,
     PageRow,
     PermitRow,
     Renewal,
@@ -90,6 +96,10 @@ def _worn(message: str) -> str | None:
 
 def _span(parameter: str, value: object) -> timedelta | None:
     return None if value is None else _checks.span(parameter, value)
+
+
+def _claim(name: str, ttl: timedelta, holder: str) -> tuple[str, timedelta, str]:
+    return _checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder)
 
 
 def _incarnation(value: object) -> int | None:
@@ -112,15 +122,20 @@ class AsyncBackend:
         none, or a backend without schemas)."""
         return None
 
-    async def claim(self, name: str, ttl: timedelta, holder: str) -> int | None:
-        params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
+    async def claim(
+        self, name: str, ttl: timedelta, holder: str, data: object = None
+    ) -> int | None:
+        """``lease_claim``, recording ``data`` (a JSON value; None: none) with a grant."""
+        params = (*_claim(name, ttl, holder), _checks.data(data))
         result: int | None = await self._call(CLAIM, params, name)
         return result
 
-    async def claim_new(self, name: str, ttl: timedelta, holder: str) -> int | None:
+    async def claim_new(
+        self, name: str, ttl: timedelta, holder: str, data: object = None
+    ) -> int | None:
         """Claim a new tenure (``lease_claim_new``): a live tenure of ``holder`` itself is
         busy (another process uses this holder), an expired one gets a new fence."""
-        params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
+        params = (*_claim(name, ttl, holder), _checks.data(data))
         result: int | None = await self._call(CLAIM_NEW, params, name)
         return result
 
@@ -431,6 +446,29 @@ class AsyncBackend:
         result: list[HolderRow] = await self._call(HOLDERS, (_key(name),), name)
         return result
 
+    # Data on a lease, and leaders that step down when asked (contract 5.4)
+
+    async def set_data(self, name: str, holder: str, data: object, fence: int | None) -> bool:
+        """``lease_set_data``: replace the data of ``holder``'s tenure ``fence`` (None:
+        whichever it has); False once the lease is no longer its own."""
+        tenure = None if fence is None else _checks.fence(fence)
+        params = (
+            _checks.key("name", name),
+            _checks.key("holder", holder),
+            _checks.data(data),
+            tenure,
+        )
+        return bool(await self._call(SET_DATA, params, name))
+
+    async def request_release(self, name: str, requested_by: str) -> bool:
+        """``lease_request_release``: True when the lease is held; its holder's keeper
+        learns of the request at its next renewal.
+
+        :raises PyleaseError: the role may not (not executable by PUBLIC).
+        """
+        params = (_checks.key("name", name), _checks.key("requested_by", requested_by))
+        return bool(await self._call(REQUEST_RELEASE, params, name))
+
     # Groups (contract 5.5)
 
     async def group_join(
@@ -509,6 +547,7 @@ class AsyncBackend:
         status: bool,
         queued_as: str | None,
         new: bool = False,
+        data: object = None,
     ) -> tuple[int | None, list[LeaseRow] | None]:
         """A waiter's claim, in one statement: (fence, None) when granted, else (None,
         the status rows when ``status``, else None).
@@ -516,8 +555,10 @@ class AsyncBackend:
         :param queued_as: the process's token in the queue of waiting processes, which a
             grant leaves in the claim's own transaction; None when not queued there.
         :param new: claim a new tenure, as :meth:`claim_new`.
+        :param data: the tenure's data, a JSON value (None: none).
         """
-        claim: tuple[object, ...] = (name, ttl, holder, name) if status else (name, ttl, holder)
+        claim: tuple[object, ...] = (name, ttl, holder, _checks.data(data), name)
+        claim = claim if status else claim[:4]
         if queued_as is not None:
             op = CLAIM_QUEUED_LOOKING if status else CLAIM_QUEUED
             claim = (name, queued_as, *claim)
@@ -539,6 +580,13 @@ class AsyncBackend:
     async def unwait(self, name: str, waiter: str, granted: bool) -> None:
         """``lease_unwait``: leave the queue of waiting processes, waking the next one."""
         await self._call(UNWAIT, (name, waiter, granted), name)
+
+    async def watch(self, name: str, watcher: str, ttl: timedelta | None) -> bool:
+        """``lease_watch`` until now + ``ttl`` (True: it was not watched by ``watcher``), or
+        with None ``lease_unwatch``."""
+        if ttl is None:
+            return bool(await self._call(UNWATCH, (name, watcher), name))
+        return bool(await self._call(WATCH, (name, watcher, ttl), name))
 
 
 # How a release runs: the statement, and what to run instead when it runs again (None:

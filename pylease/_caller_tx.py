@@ -252,7 +252,14 @@ class Deferred:
     def before_release(self, verdict: bool) -> bool:
         """Log why it is given back; False when it must not be (left to expire)."""
         name = self.ticket.name
-        if self.ticket.abandoned:
+        if self.ticket.abandoned and self.ticket.kind == "member":
+            logger.warning(
+                "member %r of group %r was abandoned (its group block collected before it"
+                " was left): leaving",
+                self.ticket.holder,
+                name,
+            )
+        elif self.ticket.abandoned:
             logger.warning(
                 "lease %r was abandoned (its Held collected inside its block): releasing it",
                 name,

@@ -16,7 +16,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from pylease import _checks, _log
 from pylease._acompat import monotonic
 from pylease._claims import default_holder as default_holder
-from pylease._operations import LeaseEvent, LeaseRow
+from pylease._rows import LeaseEvent, LeaseRow
 from pylease._ticket import Ticket
 from pylease.errors import DatabaseUnavailable, InvalidArgument, LeaseLost
 
@@ -105,6 +105,44 @@ class Held:
         """The reads that say whether it is still ours: (name, statement) pairs."""
         return [(self.name, _read("holds", self.name, self.holder, self.fence))]
 
+    @property
+    def release_requested(self) -> bool:
+        """True once a renewal learned that somebody asked this holder to step down
+        (``lease_request_release``): within one renewal interval of the request. Local:
+        finish the work, and leave the block."""
+        return self._ticket.release_requested_by is not None
+
+    @property
+    def release_requested_by(self) -> str | None:
+        """Who asked this holder to step down (None: nobody, as far as it knows)."""
+        return self._ticket.release_requested_by
+
+    def set_data(self, data: object) -> None:
+        """Replace the data published with this tenure (``lease_status``'s ``data``): a
+        round trip; watchers of the name are told.
+
+        :param data: a JSON value, at most 8,192 characters as JSON text; None: none.
+        :raises InvalidArgument: data that is not JSON or too long, or a lease of another
+            kind than an exclusive one.
+        :raises LeaseLost: the lease is no longer ours.
+        """
+        link, statement = self._ticket.link, self._set_data(data)
+        if not link.run(statement, name=self.name, retry=True):
+            raise self._not_ours()
+
+    def _set_data(self, data: object) -> Callable[[Any], Any]:
+        if self._ticket.kind != "lease" or self._ticket.names:
+            raise InvalidArgument(
+                "pylease: data is published by an exclusive lease's holder", parameter="data"
+            )
+        _checks.data(data)
+        self.check()
+        fence = self.fence
+        return lambda b: b.set_data(self.name, self.holder, data, fence)
+
+    def _not_ours(self) -> LeaseLost:
+        return LeaseLost(self.name, "setting its data found it no longer ours")
+
     def _ended(self) -> bool:
         return self._ticket.ended or self._ticket.generation != self._generation
 
@@ -129,6 +167,12 @@ class AsyncHeld(Held):
             if not await link.run(check, name=name, retry=True):
                 return False
         return True
+
+    async def set_data(self, data: object) -> None:  # type: ignore[override]
+        """As :meth:`Held.set_data`, awaited."""
+        link, statement = self._ticket.link, self._set_data(data)
+        if not await link.run(statement, name=self.name, retry=True):
+            raise self._not_ours()
 
 
 class PermitsHeld(Held):
@@ -207,6 +251,10 @@ class Options(NamedTuple):
     cancel_on_lost: bool = False
     # A reader's share (contract 5.2) rather than the exclusive lease.
     shared: bool = False
+    # The tenure's data, a JSON value (checked; contract 5.4), and what to call when the
+    # holder is asked to step down.
+    data: object = None
+    on_release_requested: Callable[[Any], object] | None = None
 
 
 def options(
@@ -220,6 +268,8 @@ def options(
     min_hold: object,
     poll_interval: object,
     shared: object = False,
+    data: object = None,
+    on_release_requested: object = None,
 ) -> Options:
     """Check every argument before any SQL runs (ValueError subclasses)."""
     name = _checks.key("name", name)
@@ -232,15 +282,33 @@ def options(
     if poll_interval is not None:
         poll = _checks.ttl(poll_interval, "poll_interval").total_seconds()
     callable_option("on_lost", on_lost)
+    callable_option("on_release_requested", on_release_requested)
     bool_option("heartbeat", heartbeat)
     bool_option("shared", shared)
+    if _checks.data(data) is not None and shared:
+        raise InvalidArgument(
+            "pylease: data is published by the exclusive holder: a reader has none"
+            " (leave data out with shared=True)",
+            parameter="data",
+        )
     if shared and min_hold_ is not None:
         raise InvalidArgument(
             "pylease: min_hold keeps a name from the next writer: a reader gives its share"
             " back at once (leave min_hold out with shared=True)",
             parameter="min_hold",
         )
-    return Options(name, ttl_, holder, wait_, bool(heartbeat), min_hold_, poll, shared=bool(shared))
+    return Options(
+        name,
+        ttl_,
+        holder,
+        wait_,
+        bool(heartbeat),
+        min_hold_,
+        poll,
+        shared=bool(shared),
+        data=data,
+        on_release_requested=on_release_requested,  # type: ignore[arg-type]
+    )
 
 
 def keep_fresh_options(
@@ -260,6 +328,11 @@ def current_holder(rows: list[Any]) -> tuple[str | None, datetime | None]:
         if row.held:
             return row.holder, row.expires_at
     return None, None
+
+
+def current_data(rows: list[Any]) -> object:
+    """What the holder of a standing lease published, from ``status()`` rows."""
+    return next((getattr(row, "data", None) for row in rows if row.held), None)
 
 
 def finish(

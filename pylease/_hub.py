@@ -50,6 +50,9 @@ MAX_RELISTEN = 5.0
 # last refreshed; it is refreshed every third of that while the process waits.
 WAITER_TTL = 30.0
 QUEUE_CHANNEL = "pylease_waiters"
+# Changes of holder of the names watched with lease_watch (migration 0016): a JSON object
+# per change, {"name", "fence", "holder", "event", ...}, in the order of their commits.
+HOLDERS_CHANNEL = "pylease_holders"
 
 # Guards every hub's queues and state: changed without awaiting in between.
 _mutex = Mutex()
@@ -123,10 +126,26 @@ class Watcher:
     standby, ``watch_leader`` and ``status --watch`` watch.
     """
 
-    def __init__(self, hub: Hub, name: str | None) -> None:
+    def __init__(self, hub: Hub, name: str | None, changes: bool = False) -> None:
         self.hub = hub
         self.name = name
         self._event = Event()
+        # With ``changes``: every change of holder heard for the name, in order (the
+        # payloads of pylease_holders), until taken; and the listen epoch they belong to
+        # (a new LISTEN may have missed some).
+        self.changes: deque[dict[str, Any]] | None = deque() if changes else None
+        self.epoch = hub.epoch
+
+    def take(self) -> tuple[list[dict[str, Any]], bool]:
+        """The changes heard since the last call, in order, and whether some may have
+        gone unheard since (the listener was lost, or never LISTENed)."""
+        with _mutex:
+            changes = list(self.changes or ())
+            if self.changes is not None:
+                self.changes.clear()
+            missed = self.epoch != self.hub.epoch or self.hub.conn is None
+            self.epoch = self.hub.epoch
+        return changes, missed
 
     @property
     def listening(self) -> bool:
@@ -201,6 +220,7 @@ class Hub:
         try:
             conn.execute("LISTEN " + CHANNEL)
             conn.execute("LISTEN " + QUEUE_CHANNEL)
+            conn.execute("LISTEN " + HOLDERS_CHANNEL)
         except BaseException:
             conn.close()
             raise
@@ -224,6 +244,9 @@ class Hub:
 
     def _dispatch(self, channel: str, payload: str) -> None:
         with _mutex:
+            if channel == HOLDERS_CHANNEL:
+                self._changed(payload)
+                return
             self.heard += 1
             if channel == QUEUE_CHANNEL:
                 # {"name": ..., "waiter": ..., "claim": ...}: the process now first
@@ -253,6 +276,18 @@ class Hub:
                 # that process died (its entry lasts until it expires).
                 queue[0].release_heard = monotonic()
                 queue[0].wake(retry=False)
+
+    def _changed(self, payload: str) -> None:
+        """Called with the mutex held: a change of holder of a watched name."""
+        try:
+            change = json.loads(payload)
+            name = str(change["name"])
+        except (ValueError, KeyError, TypeError):
+            return
+        for watcher in self.watchers.get(name, ()):
+            if watcher.changes is not None:
+                watcher.changes.append(change)
+                watcher.wake()
 
     def _done(self) -> bool:
         """True (and the hub leaves the registry) once nobody waited or watched for LINGER
@@ -356,15 +391,19 @@ def enter(conninfo: str, name: str, seen: Mark | None) -> tuple[Waiter, bool]:
     return waiter, head and not unchanged
 
 
-def watch(conninfo: str, name: str | None) -> Watcher:
+def watch(conninfo: str, name: str | None, *, changes: bool = False) -> Watcher:
     """Watch the releases of ``name`` (of every name: None), LISTENing first if nobody
-    does yet; :meth:`Watcher.close` ends it."""
+    does yet; with ``changes``, keep every change of holder heard for it too (the name
+    must be registered with ``lease_watch`` for the database to send them).
+    :meth:`Watcher.close` ends it."""
     with _mutex:
         hub = _hub(conninfo)
-        watcher = Watcher(hub, name)
+        watcher = Watcher(hub, name, changes)
         hub.watchers.setdefault(name, []).append(watcher)
     if hub.worker is None:
         hub.start()
+    with _mutex:
+        watcher.epoch = hub.epoch  # what it hears from now on is what it takes
     return watcher
 
 

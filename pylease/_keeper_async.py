@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import random
 import weakref
@@ -48,11 +47,11 @@ from pylease._caller_tx import GIVE_BACK_WAIT, TX_POLL, WAKE_WAIT, Deferred, tak
 from pylease._links_async import AsyncSource
 from pylease._log import last_error as error_text
 from pylease._log import renew_failed, tick_settled
+from pylease._telling_async import STOP_WAIT, tell_lost, tell_release_requested
 from pylease._tenure_async import give_back, renew_leases
-from pylease._ticket import AsyncTicket, Ticket, notify_lost
 from pylease._ticket import LostCallback as LostCallback
+from pylease._ticket import Ticket, notify_lost
 from pylease._ticket import margin as margin
-from pylease.errors import LeaseLost
 
 if True:  # ASYNC
     pass
@@ -64,8 +63,6 @@ else:
 logger = logging.getLogger("pylease")
 
 FIRST_BACKOFF = 0.05
-# How long stopping waits for a tick already under way for that lease.
-STOP_WAIT = 5.0
 # How long the keeper thread outlives its last lease, waiting for the next one: a
 # loop of short leases would otherwise start a thread for every one of them.
 LINGER = 1.0
@@ -84,62 +81,6 @@ NOT_OURS = "a renewal found it no longer ours (released, expired and taken, or s
 # How much further the database's clock may advance between two renewals than ours
 # did before the keeper takes it for a step (NTP slews far less than this).
 STEP_TOLERANCE = 0.5
-
-
-async def call_on_lost(ticket: Ticket, error: LeaseLost) -> None:
-    on_lost, told = ticket.on_lost, LeaseLost(error.name or ticket.name, error.reason)
-    assert on_lost is not None  # tell_lost runs it only then
-    try:
-        if True:  # ASYNC
-            # A plain function may block: on the loop that would stop every renewal.
-            coroutine = inspect.iscoroutinefunction(on_lost)
-            outcome = on_lost(told) if coroutine else await asyncio.to_thread(on_lost, told)
-            if inspect.isawaitable(outcome):
-                await outcome
-        else:
-            on_lost(told)
-    except Exception:
-        logger.exception("on_lost callback for lease %r failed", ticket.name)
-
-
-if True:  # ASYNC
-    # Callbacks under way: the loop keeps only weak references to its tasks.
-    _callbacks: set[asyncio.Task[None]] = set()
-
-
-def tell_lost(ticket: Ticket, error: LeaseLost) -> None:
-    """Cancel the body first, then run ``on_lost`` where it cannot delay any renewal."""
-    if True:  # ASYNC
-        if isinstance(ticket, AsyncTicket) and ticket.task is not None and not ticket.task.done():
-            ticket.cancelled_body = True
-            ticket.task.cancel(f"pylease: lease {ticket.name!r} was lost")
-    if ticket.on_lost is None:
-        return
-    if True:  # ASYNC
-        task = aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
-        _callbacks.add(task)
-        task.add_done_callback(_callbacks.discard)
-        ticket.callback = task
-    else:
-        ticket.callback = aspawn(call_on_lost, ticket, error, name="pylease-on-lost")
-
-
-async def settle(ticket: Ticket) -> None:
-    """Let the lease's own ``on_lost`` finish before its block ends (bounded, within
-    the block's exit budget).
-
-    The callback runs apart so that it delays no renewal and no cancellation; the
-    block that it is about may still wait for it, so it is told before the block ends.
-    """
-    worker = ticket.callback
-    if worker is None:
-        return
-    if True:  # ASYNC
-        if worker is not asyncio.current_task():
-            await asyncio.wait({worker}, timeout=waiting(STOP_WAIT))
-    else:
-        if worker is not threading.current_thread():
-            worker.join(waiting(STOP_WAIT))
 
 
 class _Group:
@@ -551,6 +492,8 @@ class AsyncKeeper:
                     continue  # stopped meanwhile: its answer no longer matters
                 if renewed and not jump:
                     ticket.renewed(sent_at, granted, server_time)
+                    if len(row) > 4 and row[4] is not None:
+                        tell_release_requested(ticket, row[4])
                 else:
                     group.tickets.remove(ticket)
                     lost.append((ticket, why))

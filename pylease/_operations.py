@@ -74,8 +74,13 @@ class Operation:
 
 # The operations ----------------------------------------------------------------------
 
+# With the tenure's data (migration 0016; NULL: none), which the 4-argument overload takes.
 CLAIM = Operation(
-    "claim", GRANT, "SELECT lease_claim(%s, %s, %s)", ("name", "ttl_seconds", "holder"), VALUE
+    "claim",
+    GRANT,
+    "SELECT lease_claim(%s, %s, %s, %s::jsonb)",
+    ("name", "ttl_seconds", "holder", "data"),
+    VALUE,
 )
 
 
@@ -149,8 +154,8 @@ HOLDS = Operation(
 STATUS = Operation(
     "status",
     READ,
-    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held, state, ttl, shared"
-    " FROM lease_status(%s)",
+    "SELECT name, holder, fence, acquired_at, renewed_at, expires_at, held, state, ttl, shared,"
+    " data, release_requested_by FROM lease_status(%s)",
     ("name",),
     LeaseRow,
 )
@@ -169,7 +174,8 @@ STATUS_PAGE = Operation(
     "status_page",
     READ,
     "SELECT s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held,"
-    " s.state, s.ttl, s.shared, c.grants, c.takeovers, c.steals, c.releases, count(*) OVER ()"
+    " s.state, s.ttl, s.shared, s.data, s.release_requested_by, c.grants, c.takeovers, c.steals,"
+    " c.releases, count(*) OVER ()"
     " FROM lease_status() AS s JOIN lease_counters() AS c ON c.name = s.name"
     " WHERE starts_with(s.name, %s) AND starts_with(c.name, %s)"
     " ORDER BY s.name LIMIT %s",
@@ -274,6 +280,23 @@ HOLDERS = Operation(
     HolderRow,
 )
 
+# Data on a lease, and leaders that step down when asked (contract 5.4). Data is set in
+# the tenure its fence names (NULL: whichever the holder has).
+SET_DATA = Operation(
+    "set_data",
+    WRITE,
+    "SELECT lease_set_data(%s, %s, %s::jsonb, %s::bigint)",
+    ("name", "holder", "data", "fence"),
+    FLAG,
+)
+REQUEST_RELEASE = Operation(
+    "request_release",
+    WRITE,
+    "SELECT lease_request_release(%s, %s)",
+    ("name", "requested_by"),
+    FLAG,
+)
+
 # Groups (contract 5.5): members, and the assignment of partitions to them. A renewal
 # and a leave name the incarnation they mean (NULL: whichever is live).
 GROUP_JOIN = Operation(
@@ -336,8 +359,10 @@ GROUP_STATUS = Operation(
 RENEW_HELD = Operation(
     "renew_held",
     GRANT,
-    "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
-    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])",
+    # The request's column by name from the row: a schema before 0016 has none (NULL).
+    "SELECT r.name, r.renewed, r.expires_at, r.server_time,"
+    " to_jsonb(r) ->> 'release_requested_by' FROM pylease_renew_held("
+    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[]) AS r",
     ("kinds", "names", "holders", "ttls", "fences", "slots"),
     Renewal,
 )
@@ -374,6 +399,8 @@ OPERATIONS = (
     RELEASE_ALL_TENURE,
     CLAIM_SHARED,
     HOLDERS,
+    SET_DATA,
+    REQUEST_RELEASE,
     GROUP_JOIN,
     GROUP_RENEW,
     GROUP_LEAVE,
@@ -403,6 +430,11 @@ RENEW_HELD_ANY = Operation(
 #: out and wakes the next process.
 WAIT = Operation("wait", WRITE, "SELECT lease_wait(%s, %s, %s)", (), VALUE)
 UNWAIT = Operation("unwait", WRITE, "SELECT lease_unwait(%s, %s, %s)", (), VALUE)
+#: The names watched for changes of holder (migration 0016): ``lease_watch`` registers a
+#: watcher (or refreshes it) until now + ttl, so that grants of the name send NOTIFY
+#: pylease_holders; ``lease_unwatch`` takes it out.
+WATCH = Operation("watch", WRITE, "SELECT lease_watch(%s, %s, %s)", (), VALUE)
+UNWATCH = Operation("unwatch", WRITE, "SELECT lease_unwatch(%s, %s)", (), VALUE)
 
 # A waiter's claim is one statement: the claim, and only when it is busy and the wait
 # asks for it, the status row that stood in the way. OFFSET 0 keeps each subquery whole:
@@ -411,9 +443,9 @@ UNWAIT = Operation("unwait", WRITE, "SELECT lease_unwait(%s, %s, %s)", (), VALUE
 # costs a handover about a tenth of a millisecond (issue 22, bench target 5).
 _STATUS_COLUMNS: LiteralString = (
     "s.name, s.holder, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.held, s.state,"
-    " s.ttl, s.shared"
+    " s.ttl, s.shared, s.data, s.release_requested_by"
 )
-_CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s) AS fence OFFSET 0) AS c"
+_CLAIMED: LiteralString = " FROM (SELECT lease_claim(%s, %s, %s, %s::jsonb) AS fence OFFSET 0) AS c"
 # A busy claim that met the winner's claim on the lease's row waited for it, then
 # locked the row's new version to recheck it: its transaction has an xid, and its
 # commit would wait for a WAL flush while the winner's fenced writes (lease_holds)
@@ -449,7 +481,7 @@ CLAIM_QUEUED = Operation(
     "claim_queued",
     GRANT,
     "SELECT c.fence, " + _UNWAIT + ", " + _BUSY_NO_FLUSH + _CLAIMED,
-    ("name", "waiter", "name", "ttl_seconds", "holder"),
+    ("name", "waiter", "name", "ttl_seconds", "holder", "data"),
     tuple,
 )
 #: The same, reading the status row when busy.
@@ -478,9 +510,42 @@ NEW_TENURE = {
 WAITING = (
     WAIT,
     UNWAIT,
+    WATCH,
+    UNWATCH,
     CLAIM_WAITING,
     CLAIM_WAITING_LOOKING,
     CLAIM_QUEUED,
     CLAIM_QUEUED_LOOKING,
     *NEW_TENURE.values(),
 )
+
+
+# A claim without data is sent as the 3-argument lease_claim (lease_claim_new), which
+# every schema has: this pylease keeps claiming on a schema not yet migrated to 0016,
+# and only a claim that gives data needs the 4-argument overload.
+_WITH_DATA = re.compile(r"\b(lease_claim(?:_new)?)\(%s, %s, %s, %s::jsonb\)")
+
+
+def _dataless(op: Operation) -> tuple[Operation, int]:
+    """``op`` without its data parameter, and that parameter's position."""
+    found = _WITH_DATA.search(op.postgres)
+    assert found is not None, op.name
+    at = op.postgres.count("%s", 0, found.start()) + 3
+    postgres = _WITH_DATA.sub(r"\1(%s, %s, %s)", op.postgres)
+    return Operation(op.name, op.kind, postgres, op.sqlite, op.answer), at
+
+
+#: PostgreSQL: each claim's operation for a claim without data (its data parameter is
+#: None), by the operation's name, with the position of the parameter it drops.
+DATALESS = {
+    op.name: _dataless(op)
+    for op in (
+        CLAIM,
+        CLAIM_NEW,
+        CLAIM_WAITING,
+        CLAIM_WAITING_LOOKING,
+        CLAIM_QUEUED,
+        CLAIM_QUEUED_LOOKING,
+        *NEW_TENURE.values(),
+    )
+}

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NewType
 
+#: A JSON value as it was stored (a lease's or a member's data): PostgreSQL's jsonb,
+#: SQLite's JSON text.
+Json = NewType("Json", object)
+
 
 @dataclass(frozen=True)
 class LeaseRow:
@@ -30,6 +34,12 @@ class LeaseRow:
     ttl: timedelta
     #: How many readers hold it (unexpired shares of its epoch).
     shared: int = 0
+    #: The JSON value the holder published with its tenure (``lease(..., data=...)``,
+    #: ``held.set_data``); None: none. A new tenure starts without the last one's.
+    data: Json = Json(None)
+    #: Who asked the holder to step down (``lease_request_release``), while its tenure
+    #: lasts; None: nobody.
+    release_requested_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,9 @@ class Renewal:
     renewed: bool
     expires_at: datetime | None
     server_time: datetime | None
+    #: The keeper's renewal (``pylease_renew_held``) of a lease: who asked its holder to
+    #: step down, if anybody did in this tenure.
+    release_requested_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +130,6 @@ class PermitRow:
     #: ``held``, ``released`` or ``expired`` (its ttl ran out without a release).
     state: str
     ttl: timedelta
-
-
-#: A JSON value as it was stored (a member's data): PostgreSQL's jsonb, SQLite's JSON text.
-Json = NewType("Json", object)
 
 
 @dataclass(frozen=True)

@@ -7,22 +7,29 @@ observer that reports each change once, and the stop (an event, or SIGTERM/SIGIN
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import logging
 import math
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
 from pylease import _checks
 from pylease import _hub_async as hub
-from pylease._acompat import AEvent, monotonic
+from pylease._acompat import AEvent, ALock, monotonic
+from pylease._held import default_holder
 from pylease._hub_async import AsyncWatcher
 from pylease._links_async import AsyncLink, link
-from pylease._operations import LeaseRow
+from pylease._rows import LeaseRow
 from pylease._waiting_async import STOP_SLICE, next_pause
+from pylease.errors import DatabaseUnavailable, SchemaMissing
+
+logger = logging.getLogger("pylease")
 
 # Seconds between reads of the row when nothing wakes a watcher first (a steal, or a
 # grant after a long vacancy, is seen this late at worst).
@@ -31,9 +38,30 @@ POLL = 1.0
 SQLITE_POLL = 0.05
 # After a vacancy, a grant usually follows within milliseconds: look again soon.
 FIRST_RECHECK = 0.01
+# A tracking watcher's lease_watch entry lasts this long; it is refreshed every third.
+WATCH_TTL = timedelta(seconds=30)
+# How long a tracking watcher waits for the notifications of terms it read in the row
+# before it tells the row alone (they reach the listener within milliseconds).
+IN_FLIGHT = 0.5
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 Callback = Callable[[Any], object]
+
+
+def _term(name: str, change: dict[str, Any]) -> LeaseRow:
+    """The row of a term from its notification (a term already followed by another when
+    read): its holder, fence and times; its data is not sent, so None."""
+    return LeaseRow(
+        name,
+        change.get("holder"),
+        int(change["fence"]),
+        datetime.fromisoformat(change["acquired_at"]),
+        datetime.fromisoformat(change["acquired_at"]),
+        datetime.fromisoformat(change["expires_at"]),
+        True,
+        "held",
+        timedelta(seconds=float(change["ttl"])),
+    )
 
 
 def leading(rows: list[LeaseRow]) -> LeaseRow | None:
@@ -167,20 +195,118 @@ class Shutdown(BaseException):
 
 
 class AsyncWatch:
-    """Reads the leader's row, and sleeps until it is worth reading again."""
+    """Reads the leader's row, and sleeps until it is worth reading again.
 
-    def __init__(self, target: object, name: str, poll_interval: float | None) -> None:
+    With ``track`` it also hears every change of holder of the name (contract 5.4): the
+    name is registered with ``lease_watch`` (refreshed while it watches), so that each
+    grant, steal or release of it sends ``NOTIFY pylease_holders``, which the hub keeps
+    for it in order; :meth:`changes` turns them into rows. Where LISTEN cannot work
+    (SQLite, PgBouncer in transaction mode, a lost listener) it reads the row, and
+    changes between two reads are coalesced; it logs that once.
+    """
+
+    def __init__(
+        self, target: object, name: str, poll_interval: float | None, *, track: bool = False
+    ) -> None:
         self.name = name
         self.link: AsyncLink = link(target)
         self.watcher: AsyncWatcher | None = None
         self.poll = poll_interval or (SQLITE_POLL if self.link.sqlite else POLL)
         self._recheck = FIRST_RECHECK
+        self.track = track
+        self.token = default_holder()
+        self.refresh_at = math.inf
+        self.fell_back = False
+        # The row the last call of changes() read, and the highest fence it told: a
+        # notification of a term told already (from the row, before the notification
+        # came) is not told again.
+        self.last: LeaseRow | None = None
+        self.floor = 0
+        # A row ahead of what was heard: its fence, and until when its notifications are
+        # waited for; meanwhile the watcher looks again soon.
+        self.ahead: tuple[int, float] | None = None
+        self.soon = False
 
     async def listen(self) -> None:
-        """Watch the name's releases on the process's hub (PostgreSQL; SQLite polls)."""
+        """Watch the name's releases on the process's hub (PostgreSQL; SQLite polls), and
+        with ``track`` its changes of holder."""
         conninfo = self.link.listen_conninfo
         if not self.link.sqlite and conninfo is not None and self.watcher is None:
-            self.watcher = await hub.watch(conninfo, self.name)
+            self.watcher = await hub.watch(conninfo, self.name, changes=self.track)
+            if self.track:
+                await self._register()
+        elif self.track:
+            self._fall_back("it has no LISTEN (SQLite, or a connection pylease may not open)")
+
+    async def _register(self) -> None:
+        """``lease_watch`` the name (again before it expires)."""
+        name, token = self.name, self.token
+        try:
+            await self.link.run(lambda b: b.watch(name, token, WATCH_TTL), name=name, retry=True)
+        except (SchemaMissing, DatabaseUnavailable) as exc:
+            self.refresh_at = monotonic() + WATCH_TTL.total_seconds() / 3
+            self._fall_back(f"lease_watch failed: {exc}")
+            return
+        self.refresh_at = monotonic() + WATCH_TTL.total_seconds() / 3
+
+    def _fall_back(self, why: str) -> None:
+        if not self.fell_back:
+            self.fell_back = True
+            logger.info(
+                "pylease: watching the leader of %r by reading its row: changes between two"
+                " reads may be coalesced (%s)",
+                self.name,
+                why,
+            )
+
+    async def changes(self, last: LeaseRow | None, *, whole: bool = False) -> list[LeaseRow | None]:
+        """Every change of leader since ``last``, in order: each one heard (a row made
+        from its notification when the row read now is already a later one's), then what
+        the row read now shows if that is newer still (an expiry, or what went unheard)."""
+        heard: list[dict[str, Any]] = []
+        healthy = False
+        if self.watcher is not None and self.track:
+            heard, missed = self.watcher.take()
+            healthy = not missed and self.watcher.listening and self.refresh_at < math.inf
+            if not healthy:
+                self._fall_back("the listener was lost, or could not LISTEN")
+        row = self.last = await self.read()
+        out: list[LeaseRow | None] = []
+        for change in heard:
+            fence = int(change["fence"])
+            if change.get("event") == "granted" and fence > self.floor:
+                last = row if row is not None and row.fence == fence else _term(self.name, change)
+                self.floor = fence
+            elif change.get("event") == "released" and last is not None and fence == last.fence:
+                last = None
+            else:
+                continue
+            out.append(last)
+        self.soon = False
+        if not same_leader(last, row):
+            early = not whole and healthy
+            if row is not None and row.fence > self.floor and early and self._early(row):
+                # Later terms than those heard: their notifications are on their way (the
+                # row was read after they committed, before they came). Told from them,
+                # in order, shortly; from the row if they never come.
+                self.soon = True
+                return out
+            out.append(row)
+        if row is not None:
+            self.floor = max(self.floor, row.fence)
+        return out
+
+    def _early(self, row: LeaseRow) -> bool:
+        """Whether the notifications of the terms up to ``row``'s may still come."""
+        now = monotonic()
+        if self.ahead is None or self.ahead[0] != row.fence:
+            self.ahead = (row.fence, now + IN_FLIGHT)
+        return now < self.ahead[1]
+
+    async def settle(self) -> None:
+        """A moment for notifications on their way (woken early by one)."""
+        if self.watcher is not None:
+            await self.watcher.wait(FIRST_RECHECK)
 
     async def read(self) -> LeaseRow | None:
         name = self.name
@@ -189,8 +315,12 @@ class AsyncWatch:
 
     async def pause(self, row: LeaseRow | None, stop: AsyncStop, deadline: float) -> None:
         """Wait for the next reason to read: a notification, the expiry, a poll, the stop."""
-        left = deadline - monotonic()
-        if row is None:
+        if monotonic() >= self.refresh_at:
+            await self._register()
+        left = min(deadline, self.refresh_at) - monotonic()
+        if self.soon:
+            pause = min(FIRST_RECHECK, left)
+        elif row is None:
             pause = min(self._recheck, self.poll, left)
             self._recheck = min(self._recheck * 2, self.poll)
         else:
@@ -203,6 +333,10 @@ class AsyncWatch:
         try:
             if watcher is not None:
                 watcher.close()
+            if self.refresh_at < math.inf:
+                name, token = self.name, self.token
+                with contextlib.suppress(Exception):  # else its entry expires
+                    await self.link.run(lambda b: b.watch(name, token, None), name=name)
         finally:
             await self.link.close()
 
@@ -214,6 +348,29 @@ class AsyncObserver:
         self.on_new_leader = on_new_leader
         self.last: LeaseRow | None = None
         self.seen = False
+        # Whoever catches up (the watching task, a new term's announcement) does so
+        # alone, so that the changes are told once each, in order.
+        self.lock = ALock()
+        # True while a term of this candidate lasts: nothing is told meanwhile.
+        self.paused = False
+
+    async def catch_up(
+        self, watch: AsyncWatch, *, unless_paused: bool = False, whole: bool = False
+    ) -> None:
+        """Tell every change of leader the watch heard since the last one told (nothing
+        with ``unless_paused`` while a term of this candidate lasts). With ``whole``, up to
+        the row read now: the notifications on their way are waited for (bounded), as a
+        new term of this candidate is told before ``on_started_leading``."""
+        async with self.lock:
+            if unless_paused and self.paused:
+                return
+            limit = monotonic() + IN_FLIGHT
+            while True:
+                for row in await watch.changes(self.last, whole=whole and monotonic() >= limit):
+                    await self.see(row)
+                if not (whole and watch.soon):
+                    return
+                await watch.settle()
 
     async def see(self, row: LeaseRow | None) -> None:
         if self.seen and same_leader(self.last, row):

@@ -48,7 +48,8 @@ def renew_leases(
     there, until the process ends (its log says so once).
 
     Each row, one per ticket: (name, renewed, seconds granted by the server from its
-    own clock, that clock), the last two None when not renewed.
+    own clock, that clock, who asked its holder to step down), the last three None when
+    not renewed (the last: when nobody asked).
     """
     fenced = source.key not in _unfenced
     apart = source.key in _members_apart
@@ -129,17 +130,18 @@ def _renew(b: Backend, batch: Sequence[Ticket], fenced: bool, apart: bool = Fals
 def _answers(batch: Sequence[Ticket], rows: Sequence[Any]) -> list[tuple[Any, ...]]:
     """One answer per ticket from one Renewal per element (several names: each)."""
     owner = [i for i, t in enumerate(batch) for _ in t.names or (t.name,)]
-    out: list[tuple[Any, ...]] = [(t.name, True, None, None) for t in batch]
+    out: list[tuple[Any, ...]] = [(t.name, True, None, None, None) for t in batch]
     for i, r in zip(owner, rows, strict=True):
-        name, renewed, granted, clock = out[i]
+        name, renewed, granted, clock, asked = out[i]
         if not renewed:
             continue
         if r.renewed and r.expires_at is not None and r.server_time is not None:
             seconds = (r.expires_at - r.server_time).total_seconds()
             granted = seconds if granted is None else min(granted, seconds)
-            out[i] = (name, True, granted, clock or r.server_time)
+            asked = asked or getattr(r, "release_requested_by", None)
+            out[i] = (name, True, granted, clock or r.server_time, asked)
         elif not r.renewed:
-            out[i] = (name, False, None, None)
+            out[i] = (name, False, None, None, None)
     return out
 
 
@@ -153,6 +155,8 @@ def give_back(run: Run, ticket: Ticket, min_hold: timedelta | None) -> bool:
         return _release_names(run, ticket.names, ticket.holder, fences)
     if ticket.kind == "permit":
         return _release_permits(run, ticket.name, ticket.holder, ticket.slot, ticket.fence)
+    if ticket.kind == "member":
+        return _leave_group(run, ticket.name, ticket.holder, ticket.fence)
     return _release_lease(run, ticket.name, ticket.holder, min_hold, ticket.fence)
 
 
@@ -187,6 +191,15 @@ def _release_lease(
     except SchemaMissing:
         # A schema missing altogether fails here again.
         return run(any_tenure, None)
+
+
+def _leave_group(run: Run, grp: str, member: str, incarnation: int | None) -> bool:
+    """A member's incarnation (a group block that can no longer be left: collected)."""
+
+    def leave(b: Backend) -> bool:
+        return b.group_leave(grp, member, incarnation)
+
+    return run(leave, None)
 
 
 def _release_permits(run: Run, name: str, holder: str, slot: int | None, fence: int | None) -> bool:

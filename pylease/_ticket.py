@@ -84,6 +84,12 @@ class Ticket:
     slot: int | None = None
     # The expiry the server granted at the latest renewal, on its clock (Held.expires_at).
     server_expires: datetime | None = None
+    # Who asked the holder to step down, as a renewal answered (contract 5.4), and what
+    # to call then with the lease's Held (a weak reference: a Held collected inside its
+    # block is how the keeper learns to give it back).
+    release_requested_by: str | None = None
+    on_release_requested: Callable[[Any], object] | None = None
+    held: Callable[[], Any] | None = None
 
     def __init__(
         self,

@@ -64,7 +64,7 @@ from pylease import _hub as hub
 from pylease._acompat import monotonic, sleep
 from pylease._attempts import Attempt, LeaseClaim, fence_of, lease_attempt
 from pylease._backend import Backend
-from pylease._held import Options, current_holder
+from pylease._held import Options, current_data, current_holder
 from pylease._hub import WAITER_TTL, Waiter
 from pylease._links import Link
 from pylease._log import claimed as log_claimed
@@ -195,6 +195,7 @@ class Wait(Generic[G]):
         self.backoff = SQLITE_FIRST_POLL if link_.sqlite else 0.01
         self.outage = FIRST_OUTAGE
         self.current: str | None = None
+        self.current_data: object = None
         self.expires_at: datetime | None = None
         # When the head last read the status; whether its last busy claim left it out.
         self.status_at = float("-inf")
@@ -261,12 +262,14 @@ class Wait(Generic[G]):
 
     def _busy_at_once(self) -> None:
         """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
-        holding = None
+        holding, data = None, None
         if self.want_holder or self.on_busy is not None:
             rows = self.link.run(self.attempt.status, name=self.attempt.name)
-            holding = current_holder(rows)[0]
+            holding, data = current_holder(rows)[0], current_data(rows)
             self._report(rows)
-        raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0, claimer=self.attempt.holder)
+        raise LeaseBusy(
+            self.attempt.name, holder=holding, waited=0.0, claimer=self.attempt.holder, data=data
+        )
 
     def _turn(self) -> G | _Turn:
         """Queue the process and attempt, as due; an outage is ridden out here."""
@@ -325,6 +328,7 @@ class Wait(Generic[G]):
             if rows is None:
                 rows = self.link.run(self.attempt.status, name=name)
             self.current, self.expires_at = current_holder(rows)
+            self.current_data = current_data(rows)
             self.status_at = self.sent_at
             self._report(rows)
         return None
@@ -371,6 +375,7 @@ class Wait(Generic[G]):
             holder=self.current,
             waited=now - self.start,
             claimer=self.attempt.holder,
+            data=self.current_data,
         )
 
     def _pause(self) -> None:

@@ -64,7 +64,7 @@ from pylease import _hub_async as hub
 from pylease._acompat import asleep, monotonic
 from pylease._attempts_async import Attempt, LeaseClaim, fence_of, lease_attempt
 from pylease._backend_async import AsyncBackend
-from pylease._held import Options, current_holder
+from pylease._held import Options, current_data, current_holder
 from pylease._hub_async import WAITER_TTL, AsyncWaiter
 from pylease._links_async import AsyncLink
 from pylease._log import claimed as log_claimed
@@ -195,6 +195,7 @@ class AsyncWait(Generic[G]):
         self.backoff = SQLITE_FIRST_POLL if link_.sqlite else 0.01
         self.outage = FIRST_OUTAGE
         self.current: str | None = None
+        self.current_data: object = None
         self.expires_at: datetime | None = None
         # When the head last read the status; whether its last busy claim left it out.
         self.status_at = float("-inf")
@@ -261,12 +262,14 @@ class AsyncWait(Generic[G]):
 
     async def _busy_at_once(self) -> None:
         """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
-        holding = None
+        holding, data = None, None
         if self.want_holder or self.on_busy is not None:
             rows = await self.link.run(self.attempt.status, name=self.attempt.name)
-            holding = current_holder(rows)[0]
+            holding, data = current_holder(rows)[0], current_data(rows)
             await self._report(rows)
-        raise LeaseBusy(self.attempt.name, holder=holding, waited=0.0, claimer=self.attempt.holder)
+        raise LeaseBusy(
+            self.attempt.name, holder=holding, waited=0.0, claimer=self.attempt.holder, data=data
+        )
 
     async def _turn(self) -> G | _Turn:
         """Queue the process and attempt, as due; an outage is ridden out here."""
@@ -325,6 +328,7 @@ class AsyncWait(Generic[G]):
             if rows is None:
                 rows = await self.link.run(self.attempt.status, name=name)
             self.current, self.expires_at = current_holder(rows)
+            self.current_data = current_data(rows)
             self.status_at = self.sent_at
             await self._report(rows)
         return None
@@ -378,6 +382,7 @@ class AsyncWait(Generic[G]):
             holder=self.current,
             waited=now - self.start,
             claimer=self.attempt.holder,
+            data=self.current_data,
         )
 
     async def _pause(self) -> None:

@@ -38,11 +38,22 @@ Busy = Literal["return", "raise"]
 
 # The options of lease()/alease() a decorator passes on (cancel_on_lost: alease only).
 LEASE_OPTIONS = frozenset(
-    {"holder", "wait", "heartbeat", "on_lost", "min_hold", "heartbeat_target", "poll_interval"}
+    {
+        "holder",
+        "wait",
+        "heartbeat",
+        "on_lost",
+        "min_hold",
+        "heartbeat_target",
+        "poll_interval",
+        "data",
+        "on_release_requested",
+    }
 )
 ASYNC_OPTIONS = LEASE_OPTIONS | {"cancel_on_lost"}
-# With max_permits, permit()'s: no min_hold, and how many permits a call holds.
-PERMIT_OPTIONS = (LEASE_OPTIONS - {"min_hold"}) | {"permits"}
+# With max_permits, permit()'s: no min_hold, no data (a lease's), and how many permits
+# a call holds.
+PERMIT_OPTIONS = (LEASE_OPTIONS - {"min_hold", "data", "on_release_requested"}) | {"permits"}
 
 
 # A generator function is refused at decoration (see the module's docstring): typed as
@@ -137,7 +148,8 @@ def exclusive(
         a permit of the semaphore ``name`` (:func:`pylease.permit`), at most
         ``max_permits`` of them held at once; a template gives a cap per key.
     :param lease_options: ``holder``, ``wait``, ``heartbeat``, ``on_lost``, ``min_hold``,
-        ``heartbeat_target``, ``poll_interval``, and ``cancel_on_lost`` for coroutine
+        ``heartbeat_target``, ``poll_interval``, ``data`` (published with each call's
+        grant), ``on_release_requested``, and ``cancel_on_lost`` for coroutine
         functions, as for :func:`pylease.lease` and :func:`pylease.alease`; with
         ``max_permits``, those of :func:`pylease.permit` (``permits``, no ``min_hold``).
     :raises InvalidArgument: at decoration, a bad ttl, ``busy`` or template, a field

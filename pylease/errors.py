@@ -33,7 +33,12 @@ class InvalidArgument(PyleaseError, ValueError):
 
 
 class LeaseBusy(PyleaseError):
-    """Another holder's unexpired lease stands."""
+    """Another holder's unexpired lease stands.
+
+    :ivar holder: who holds it, when it was read (None: not read).
+    :ivar data: what that holder published with its tenure (contract 5.4), e.g. where
+        the leader listens; None: nothing, or not read.
+    """
 
     def __init__(
         self,
@@ -43,9 +48,11 @@ class LeaseBusy(PyleaseError):
         waited: float = 0.0,
         claimer: str | None = None,
         here: bool = False,
+        data: object = None,
     ) -> None:
         self.holder = holder
         self.waited = waited
+        self.data = data
         by = f" by {holder}" if holder else ""
         after = f" after waiting {waited:.3f}s" if waited else ""
         why = ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pylease import _checks
 from pylease._links import check as check_target
 from pylease._links import link
-from pylease._operations import LeaseRow
+from pylease._rows import LeaseRow
 from pylease._types import Target
 
 

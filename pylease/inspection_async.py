@@ -10,7 +10,7 @@ from __future__ import annotations
 from pylease import _checks
 from pylease._links_async import check as check_target
 from pylease._links_async import link
-from pylease._operations import LeaseRow
+from pylease._rows import LeaseRow
 from pylease._types import AsyncTarget
 
 

@@ -23,17 +23,20 @@ work runs in a task that the stop cancels; in a thread a signal interrupts it.
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
+import threading
 from collections.abc import Callable, Generator
 from types import TracebackType
+from typing import Any
 
 from pylease import _checks
-from pylease._acompat import Event
+from pylease._acompat import Event, monotonic, spawn
 from pylease._held import Held, callable_option, default_holder
 from pylease._links import check as check_target
 from pylease._links import link
-from pylease._operations import LeaseRow
+from pylease._rows import LeaseRow
 from pylease._standby import (
     Callback,
     Observer,
@@ -51,6 +54,8 @@ from pylease._waiting import WaitStopped
 from pylease.errors import InvalidArgument, LeaseLost
 from pylease.leasing import Lease, lease
 
+logger = logging.getLogger("pylease")
+
 
 class Campaign:
     """The validated arguments of one candidate."""
@@ -67,6 +72,8 @@ class Campaign:
         heartbeat_target: Target | None,
         poll_interval: object,
         cancel_on_lost: bool,
+        data: object = None,
+        on_release_requested: Callback | None = None,
     ) -> None:
         self.target = target
         self.name = _checks.key("name", name)
@@ -82,6 +89,9 @@ class Campaign:
                 "pylease: cancel_on_lost must be True or False", parameter="cancel_on_lost"
             )
         self.cancel_on_lost = cancel_on_lost
+        _checks.data(data)
+        callable_option("on_release_requested", on_release_requested)
+        self.data, self.on_release_requested = data, on_release_requested
         check_target(target, heartbeat_target)
 
     def term(self) -> Lease:
@@ -96,6 +106,8 @@ class Campaign:
             on_lost=self.on_lost,
             heartbeat_target=self.heartbeat_target,
             poll_interval=self.poll_interval,
+            data=self.data,
+            on_release_requested=self.on_release_requested,
         )
         return cm
 
@@ -108,8 +120,9 @@ class Campaign:
         """Campaign until elected (the term's lease, entered), or None once ``stop`` is set.
 
         A candidate is a waiter of the wait engine like any other (one statement per
-        attempt, woken by the hub); the observer is shown the row that stood in the
-        way after each busy attempt, and this term's own row once elected.
+        attempt, woken by the hub); once elected, the observer is told every change of
+        leader it has not told yet, this term last (without a watch: shown the row that
+        stood in the way after each busy attempt).
 
         :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
         """
@@ -117,7 +130,9 @@ class Campaign:
             return None
         cm = self.term()
         cm.stop = stop
-        if observer is not None:
+        if observer is not None and watch is None:
+            # Without a watch of its own (pylease leader's spinner), the observer is shown
+            # the row that stood in the way after each busy attempt.
 
             def seen(row: LeaseRow | None) -> None:
                 observer.see(None if row is None else leading([row]))
@@ -133,12 +148,13 @@ class Campaign:
 
 
 def _announce(won: tuple[Lease, Held], observer: Observer, watch: Watch) -> None:
-    """Show the observer this new term's row; resign it if that fails (a callback raised)."""
+    """Tell the observer every change up to this new term's; resign it if that fails (a
+    callback raised). From here until the term ends the observer is quiet: a leader
+    knows it leads, and what happens meanwhile is told once it stopped leading."""
     cm = won[0]
     try:
-        row = watch.read()
-        if row is not None:  # None: already lost again, and the term will say so
-            observer.see(row)
+        observer.catch_up(watch, whole=True)
+        observer.paused = True
     except BaseException as exc:
         cm.__exit__(type(exc), exc, exc.__traceback__)
         raise
@@ -182,6 +198,8 @@ def leader(
     on_lost: Callback | None = None,
     heartbeat_target: Target | None = None,
     poll_interval: Duration | None = None,
+    data: object = None,
+    on_release_requested: Callback | None = None,
 ) -> Leader:
     """Lead while the ``with`` block runs: wait until elected, resign on leaving.
 
@@ -198,6 +216,11 @@ def leader(
     :param on_lost: called with the :class:`LeaseLost` when the term is lost.
     :param poll_interval: seconds between reads of the row when no notification comes
         (default 1 s; SQLite 50 ms).
+    :param data: a JSON value published with the term (where the leader listens, its
+        version): ``current_leader(...).data``, ``LeaseBusy.data``.
+    :param on_release_requested: called with the term once a renewal learns that
+        somebody asked this leader to step down (``term.release_requested`` turns
+        true then too); leaving the block resigns.
     :raises LeaseBusy: ``wait`` ran out before this candidate was elected.
     :raises LeaseLost: the block returned, but the term was lost meanwhile (a body that
         must not outlive its term checks ``term.lost`` or calls ``term.check()``).
@@ -213,6 +236,8 @@ def leader(
             heartbeat_target=heartbeat_target,
             poll_interval=poll_interval,
             cancel_on_lost=True,
+            data=data,
+            on_release_requested=on_release_requested,
         )
     )
 
@@ -230,6 +255,7 @@ def run_as_leader(
     holder: str | None = None,
     heartbeat_target: Target | None = None,
     poll_interval: Duration | None = None,
+    data: object = None,
 ) -> None:
     """Campaign, lead by running ``work(term)``, and campaign again, until ``stop`` is set.
 
@@ -240,10 +266,21 @@ def run_as_leader(
     cancelled by a lost term, a stop or a signal; a plain one is interrupted by a signal
     (raised into it, as Ctrl-C is) and otherwise checks ``term.lost`` and returns.
 
+    A leader asked to step down (``lease_request_release``, ``pylease request-release``)
+    learns it from its next renewal: ``term.release_requested`` turns true, for ``work``
+    to finish and return. The term then ends as any that returns, except that this
+    candidate campaigns again only behind the candidates already waiting: a standby takes
+    over first, and with none, this one leads again, with a new fence.
+
     The callbacks come in this order:
-    ``on_new_leader(info)`` for every change seen (``info`` is the ``LeaseRow``, or None
-    when nobody leads), then ``on_started_leading(term)`` when the change is this
-    candidate's term, ``on_stopped_leading(term)`` after its resignation or loss.
+    ``on_new_leader(info)`` for every change of leader (``info`` is the ``LeaseRow``, or
+    None when nobody leads; on PostgreSQL every change, in order, as
+    :func:`watch_leader` sees them), then ``on_started_leading(term)`` when the change
+    is this candidate's term, ``on_stopped_leading(term)`` after its resignation or loss.
+    While a term lasts ``on_new_leader`` is quiet; what changed meanwhile (a steal) is
+    told after ``on_stopped_leading``.
+
+    :param data: a JSON value published with every term, as for :func:`leader`.
 
     :raises Exception: whatever ``work`` raised, after resigning and
         ``on_stopped_leading``: a crashing leader is never silently re-elected.
@@ -266,12 +303,14 @@ def run_as_leader(
         heartbeat_target=heartbeat_target,
         poll_interval=poll_interval,
         cancel_on_lost=True,
+        data=data,
     )
     stopping = Stop(stop)
-    observer = Observer(on_new_leader)
+    observer = None if on_new_leader is None else Observer(on_new_leader)
     stopping.install()
     try:
-        watch = Watch(target, campaign.name, campaign.poll_interval)
+        watch = Watch(target, campaign.name, campaign.poll_interval, track=True)
+        watching = None if observer is None else _start_watching(watch, observer)
         try:
             while not stopping.is_set():
                 won = campaign.run(stopping, observer, watch)
@@ -279,12 +318,72 @@ def run_as_leader(
                     break
                 cm, term = won
                 _lead(cm, term, work, on_started_leading, on_stopped_leading, stopping)
+                if observer is not None:
+                    observer.paused = False
+                    observer.catch_up(watch)
+                if term.release_requested and not stopping.is_set():
+                    _stand_back(watch, observer, term, stopping)
         finally:
+            if watching is not None:
+                watching.stop()
             watch.close()
     except Shutdown:
         pass
     finally:
         stopping.restore()
+
+
+# How long a leader that stepped down lets the candidates already waiting take over
+# before it campaigns again: one of them is woken by the release at once.
+STAND_BACK = 1.0
+
+
+def _stand_back(watch: Watch, observer: Observer | None, term: Held, stopping: Stop) -> None:
+    """After a term that was asked to step down: wait until another term starts, or until
+    STAND_BACK has passed with none (then no candidate was waiting)."""
+    deadline = monotonic() + STAND_BACK
+    while monotonic() < deadline and not stopping.is_set():
+        lock = observer.lock if observer is not None else threading.Lock()
+        with lock:
+            row = watch.read()
+        if row is not None and row.fence > term.fence:
+            return
+        stopping.wait(min(0.02, max(deadline - monotonic(), 0.0)), watch.watcher)
+
+
+class _Watching:
+    """The task (thread) that tells ``on_new_leader`` of changes while no term lasts here."""
+
+    def __init__(self, watch: Watch, observer: Observer) -> None:
+        self.watch, self.observer = watch, observer
+        self.done = Stop(Event())
+        self.worker: Any = None
+
+    def run(self) -> None:
+        watch, observer = self.watch, self.observer
+        while not self.done.is_set():
+            try:
+                observer.catch_up(watch, unless_paused=True)
+                watch.pause(watch.last, self.done, math.inf)
+            except Exception:
+                # A failing callback or read must not end the watching: it is told, and
+                # the next change is told as it comes.
+                logger.exception("pylease: on_new_leader for %r failed", watch.name)
+                self.done.wait(watch.poll, None)
+
+    def stop(self) -> None:
+        assert self.done.event is not None
+        self.done.event.set()
+        self.worker.join()
+
+
+def _start_watching(watch: Watch, observer: Observer) -> _Watching:
+    """Listen for the name's changes, tell the current leader, and keep telling."""
+    watch.listen()
+    observer.catch_up(watch)
+    watching = _Watching(watch, observer)
+    watching.worker = spawn(watching.run, name="pylease-watch-leader")
+    return watching
 
 
 def _lead(
@@ -354,27 +453,34 @@ def watch_leader(
 ) -> Generator[LeaseRow | None, None]:
     """Yield the current leader (or None), then again on every change of leader.
 
-    Woken by the NOTIFY a resignation sends, and otherwise by reading the row at the
-    leader's expiry and every ``poll_interval`` (default 1 s; SQLite 50 ms). Changes
-    between two reads are coalesced: a watcher sees the latest, in order.
+    On PostgreSQL every change (a grant, a steal, a takeover after a crash, a
+    resignation) is yielded, in order, none skipped, within moments of its commit: the
+    name is watched (``lease_watch``), so each change sends a notification to the
+    process's listener. A leader's expiry without a release sends nothing: the row is
+    read at the expiry it shows, and every ``poll_interval`` (default 1 s; SQLite 50 ms).
+    Where LISTEN cannot work (SQLite, PgBouncer in transaction mode) or across a
+    reconnect, changes between two reads are coalesced, and the log says so once. A
+    change already followed by another when it is read is yielded as its notification
+    tells it: holder, fence and times, without its data.
     """
     name = _checks.key("name", name)
     poll = poll_seconds(poll_interval)
     check_target(target)
-    watch = Watch(target, name, poll)
+    watch = Watch(target, name, poll, track=True)
     stop = Stop(None)
     try:
         watch.listen()
         last = watch.read()
+        watch.floor = 0 if last is None else last.fence
         yield last
         while True:
             watch.pause(last, stop, math.inf)
-            row = watch.read()
-            changed = not same_leader(last, row)
-            # The fresh row, renewed or not: the next wake-up is its expiry, not the
-            # first one seen (long past for a leader that renews).
-            last = row
-            if changed:
+            for row in watch.changes(last):
+                last = row
                 yield row
+            # The fresh row of the same term, renewed or not: the next wake-up is its
+            # expiry, not the first one seen (long past for a leader that renews).
+            if same_leader(last, watch.last):
+                last = watch.last
     finally:
         watch.close()

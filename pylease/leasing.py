@@ -36,9 +36,10 @@ from pylease._held import (
 )
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
-from pylease._keeper import NOT_OURS, keeper, settle
+from pylease._keeper import NOT_OURS, keeper
 from pylease._links import Link, link
 from pylease._links import check as check_target
+from pylease._telling import settle
 from pylease._tenure import loss_cause, release, renew_leases
 from pylease._ticket import Ticket, abandon, inherited, notify_lost
 from pylease._types import Duration, Target, Wait
@@ -131,6 +132,8 @@ class Lease:
             raise
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
         held = self._made(ticket, grant)
+        ticket.on_release_requested = opts.on_release_requested
+        ticket.held = weakref.ref(held)
         self._ticket = ticket
         # Once neither this context manager nor the Held is reachable (the Held is
         # reachable from here), nobody can leave the block: the keeper stops renewing
@@ -263,6 +266,8 @@ class Lease:
         ticket.on_lost = self._on_lost
         ticket.generation += 1  # the earlier block's Held stays ended
         self._held = held = Held(ticket.name, ticket.holder, fence, ticket)
+        ticket.on_release_requested = self._opts.on_release_requested
+        ticket.held = weakref.ref(held)
         self._finalizer = weakref.finalize(held, abandon, ticket)
         self._finalizer.atexit = False
         return True
@@ -298,6 +303,8 @@ def lease(
     heartbeat_target: Target | None = None,
     poll_interval: Duration | None = None,
     shared: bool = False,
+    data: object = None,
+    on_release_requested: Callable[[Held], object] | None = None,
 ) -> Lease:
     """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -324,6 +331,13 @@ def lease(
     :param shared: hold a reader's share: readers hold the name together, a writer
         (``shared=False``) alone; ``held.fence`` is then the epoch, the fence of the
         name's latest exclusive grant (contract 5.2).
+    :param data: a JSON value published with the grant (where a leader listens, its
+        version): ``lease_status``'s ``data``, ``LeaseBusy.data`` for a claimer that
+        finds it held; at most 8,192 characters as JSON text. ``held.set_data``
+        replaces it; the next tenure starts without it.
+    :param on_release_requested: called with the Held once a renewal learns that
+        somebody asked this holder to step down (``pylease request-release``), on a
+        thread of its own; ``held.release_requested`` turns true then too.
     :raises LeaseBusy: the lease is held by another holder (after ``wait``).
     :raises LeaseLost: the block returned, but the lease was lost meanwhile.
     """
@@ -339,6 +353,8 @@ def lease(
         min_hold=min_hold,
         poll_interval=poll_interval,
         shared=shared,
+        data=data,
+        on_release_requested=on_release_requested,
     )
     return Lease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 

@@ -38,10 +38,11 @@ from pylease._held import (
 from pylease._held import Held as Held
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
-from pylease._keeper_async import NOT_OURS, keeper, settle
+from pylease._keeper_async import NOT_OURS, keeper
 from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
 from pylease._log import text as error_text
+from pylease._telling_async import settle
 from pylease._tenure_async import loss_cause, release, renew_leases
 from pylease._ticket import AsyncTicket, abandon, inherited, notify_lost
 from pylease._types import AsyncTarget, Duration, Wait
@@ -136,6 +137,8 @@ class AsyncLease:
             raise
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
         held = self._made(ticket, grant)
+        ticket.on_release_requested = opts.on_release_requested
+        ticket.held = weakref.ref(held)
         if True:  # ASYNC
             if opts.cancel_on_lost:
                 ticket.task = asyncio.current_task()
@@ -298,6 +301,8 @@ class AsyncLease:
                     self._cancelling = ticket.task.cancelling()
         ticket.generation += 1  # the earlier block's Held stays ended
         self._held = held = AsyncHeld(ticket.name, ticket.holder, fence, ticket)
+        ticket.on_release_requested = self._opts.on_release_requested
+        ticket.held = weakref.ref(held)
         self._finalizer = weakref.finalize(held, abandon, ticket)
         self._finalizer.atexit = False
         return True
@@ -359,6 +364,8 @@ if True:  # ASYNC
         poll_interval: Duration | None = None,
         cancel_on_lost: bool = True,
         shared: bool = False,
+        data: object = None,
+        on_release_requested: Callable[[AsyncHeld], object] | None = None,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``async with`` block runs.
 
@@ -374,6 +381,9 @@ if True:  # ASYNC
         :param cancel_on_lost: when the lease is lost, cancel the task running the block
             (default True); the block then raises :class:`LeaseLost`.
         :param shared: hold a reader's share, as :func:`pylease.lease`.
+        :param data: published with the grant, as :func:`pylease.lease`.
+        :param on_release_requested: as :func:`pylease.lease`; a plain function or a
+            coroutine function.
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the lease was lost while the block ran.
         """
@@ -390,6 +400,8 @@ if True:  # ASYNC
             poll_interval=poll_interval,
             cancel_on_lost=cancel_on_lost,
             shared=shared,
+            data=data,
+            on_release_requested=on_release_requested,
         )
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
@@ -444,6 +456,8 @@ else:
         heartbeat_target: AsyncTarget | None = None,
         poll_interval: Duration | None = None,
         shared: bool = False,
+        data: object = None,
+        on_release_requested: Callable[[AsyncHeld], object] | None = None,
     ) -> AsyncLease:
         """Hold the lease ``name`` while the ``with`` block runs.
 
@@ -470,6 +484,13 @@ else:
         :param shared: hold a reader's share: readers hold the name together, a writer
             (``shared=False``) alone; ``held.fence`` is then the epoch, the fence of the
             name's latest exclusive grant (contract 5.2).
+        :param data: a JSON value published with the grant (where a leader listens, its
+            version): ``lease_status``'s ``data``, ``LeaseBusy.data`` for a claimer that
+            finds it held; at most 8,192 characters as JSON text. ``held.set_data``
+            replaces it; the next tenure starts without it.
+        :param on_release_requested: called with the Held once a renewal learns that
+            somebody asked this holder to step down (``pylease request-release``), on a
+            thread of its own; ``held.release_requested`` turns true then too.
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the block returned, but the lease was lost meanwhile.
         """
@@ -485,6 +506,8 @@ else:
             min_hold=min_hold,
             poll_interval=poll_interval,
             shared=shared,
+            data=data,
+            on_release_requested=on_release_requested,
         )
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 

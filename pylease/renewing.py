@@ -15,9 +15,10 @@ from types import TracebackType
 from pylease._acompat import monotonic
 from pylease._budget import begin, exit_deadline
 from pylease._held import Held, end_keep_fresh, keep_fresh_options
-from pylease._keeper import keeper, settle
+from pylease._keeper import keeper
 from pylease._links import Link, link
 from pylease._links import check as check_target
+from pylease._telling import settle
 from pylease._ticket import Ticket, inherited
 from pylease._types import Duration, Target
 from pylease.errors import LeaseLost

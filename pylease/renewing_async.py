@@ -14,9 +14,10 @@ from types import TracebackType
 from pylease._acompat import monotonic
 from pylease._budget import begin, exit_deadline
 from pylease._held import AsyncHeld, Held, end_keep_fresh, keep_fresh_options
-from pylease._keeper_async import keeper, settle
+from pylease._keeper_async import keeper
 from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
+from pylease._telling_async import settle
 from pylease._ticket import AsyncTicket, inherited
 from pylease._types import AsyncTarget, Duration
 from pylease.errors import LeaseLost

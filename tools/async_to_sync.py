@@ -55,6 +55,7 @@ PAIRS = [
     ("pylease/_attempts_async.py", "pylease/_attempts.py"),
     ("pylease/_keeper_async.py", "pylease/_keeper.py"),
     ("pylease/_tenure_async.py", "pylease/_tenure.py"),
+    ("pylease/_telling_async.py", "pylease/_telling.py"),
     ("pylease/leasing_async.py", "pylease/leasing.py"),
     ("pylease/renewing_async.py", "pylease/renewing.py"),
     ("pylease/_standby_async.py", "pylease/_standby.py"),
@@ -88,6 +89,7 @@ NAMES = {
     "_attempts_async": "_attempts",
     "_hub_async": "_hub",
     "_tenure_async": "_tenure",
+    "_telling_async": "_telling",
     # the public API
     "alease": "lease",
     "arun_exclusive": "run_exclusive",

@@ -58,6 +58,7 @@ ORDER = (
     "prune-history",
     "metrics",
     "leader",
+    "request-release",
 )
 
 

@@ -47,6 +47,9 @@ FORWARDED = ENDING + PASSED_ON
 NOT_FOUND = 127
 NOT_EXECUTABLE = 126
 LOST = 75  # EX_TEMPFAIL: somebody else has the lease now; try again later
+# Asked to step down (lease_request_release): the command was stopped as for a loss and
+# the lease given back, for another to take it.
+STEPPED_DOWN = 76
 POLL = 0.1
 
 Say = Callable[[str], None]

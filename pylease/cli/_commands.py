@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,7 +13,7 @@ import typer
 
 from pylease import durations
 from pylease._claims import default_holder
-from pylease._operations import LeaseRow
+from pylease._rows import LeaseRow
 from pylease.cli import _render
 from pylease.cli._app import command
 from pylease.cli._database import (
@@ -378,3 +379,52 @@ def steal(
                 EXIT_NO,
             )
         typer.echo(f"{holder}\t{fence}")
+
+
+@command(name="request-release")
+def request_release(
+    name: NameArg,
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            metavar="WHO",
+            help="Who asks, as the holder will be told (default: user@host).",
+            show_default=False,
+        ),
+    ] = None,
+    dsn: DsnOption = None,
+    require_dsn: RequireDsnOption = False,
+    schema: SchemaOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Ask the holder of a lease to step down; exit 1 if the lease is not held.
+
+    The holder's keeper learns of it at its next renewal (within a third of the ttl):
+    `pylease run` and `pylease leader` then stop their command as for a loss, release,
+    and exit 76, so that a waiting standby takes over at once; a program told by
+    `on_release_requested` (or `held.release_requested`) leaves when its work allows.
+    Not executable by PUBLIC in SQL: an owner grants lease_request_release.
+
+    Example: pylease request-release scheduler --by deploy-2.5
+    """
+    with at_edge(verbose) as edge:
+        key("name", name)
+        who = key("by", by if by is not None else _asker())
+        edge.store = store = find_store(dsn, schema, require_dsn)
+        with connect(store, "pylease request-release") as (backend, _conn):
+            asked = backend.request_release(name, who)
+        if not asked:
+            raise fail(f"lease {name!r} is not held: nobody to ask", EXIT_NO)
+        say(f"asked the holder of lease {name!r} to step down (as {who})")
+
+
+def _asker() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid (a container)
+        user = f"uid-{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"

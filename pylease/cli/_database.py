@@ -217,7 +217,7 @@ def not_installed(store: Store, exc: SchemaMissing) -> str:
             path = conn.execute("SELECT current_setting('search_path')").fetchone()[0]
             here = conn.execute(
                 "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-                " WHERE p.oid = to_regproc('lease_claim')"
+                " WHERE p.oid = to_regprocedure('lease_claim(text, interval, text)')"
             ).fetchone()
             schemas = [
                 r[0]
@@ -252,6 +252,10 @@ _RESTRICTED = {
     "lease_steal": ("steal leases", "lease_steal(text, interval, text, interval)"),
     "lease_prune_history": ("prune the history", "lease_prune_history(interval)"),
     "lease_prune": ("prune names", "lease_prune(interval)"),
+    "lease_request_release": (
+        "ask a leader to step down",
+        "lease_request_release(text, text)",
+    ),
 }
 
 

@@ -23,6 +23,7 @@ from pylease.cli._database import find_store
 from pylease.cli._edge import at_edge, key
 from pylease.cli._options import (
     KILL_AFTER,
+    DataOption,
     DsnOption,
     KillAfterOption,
     OwnHolderOption,
@@ -31,6 +32,7 @@ from pylease.cli._options import (
     SchemaOption,
     VerboseOption,
     duration,
+    run_data,
     seconds,
 )
 from pylease.cli._render import Busy
@@ -38,13 +40,14 @@ from pylease.cli._run import hold_and_run
 
 if TYPE_CHECKING:
     from pylease._held import Held
-    from pylease._operations import LeaseRow
+    from pylease._rows import LeaseRow
     from pylease.errors import LeaseLost
     from pylease.leasing import Lease
 
 EPILOG = (
     "Exit codes: the command's own; 128+N when signal N killed it; 127 command not found; "
-    "126 not executable; 75 the term was lost while it ran; 1 --wait ran out before this "
+    "126 not executable; 75 the term was lost while it ran; 76 it was asked to step down "
+    "(pylease request-release); 1 --wait ran out before this "
     "process was elected; 2 usage; 3 database or configuration error."
 )
 
@@ -76,6 +79,7 @@ def leader(
         ),
     ] = durations.FOREVER,
     kill_after: KillAfterOption = KILL_AFTER,
+    data: DataOption = None,
     quiet: QuietOption = False,
     dsn: DsnOption = None,
     require_dsn: RequireDsnOption = False,
@@ -87,7 +91,11 @@ def leader(
     CMD runs as under `pylease run`: it sees PYLEASE_NAME, PYLEASE_HOLDER, PYLEASE_FENCE
     (the term number) and PYLEASE_DSN; SIGINT, SIGTERM and SIGHUP are passed on to it;
     if the term is lost, CMD gets SIGTERM (SIGKILL after --kill-after) and pylease exits
-    75. A standby waiting to lead is woken by the leader's resignation at once.
+    75. A standby waiting to lead is woken by the leader's resignation at once. The term
+    carries {"command", "host", "pid", "user"} as its data (--data JSON: what you give),
+    for `pylease status --wide` and the standbys; asked to step down (`pylease
+    request-release NAME`), CMD is stopped as for a loss, the term resigned, and pylease
+    exits 76, so that a rolling deploy hands over without waiting for the ttl.
 
     Example: pylease leader scheduler --ttl 15s -- ./scheduler --serve
     """
@@ -108,9 +116,12 @@ def leader(
         cmd = command_of(ctx)
         key("name", name)
         holder = key("holder", holder) if holder is not None else default_holder()
+        published = run_data(data, cmd)
         edge.store = store = find_store(dsn, schema, require_dsn)
 
-        def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
+        def enter(
+            on_lost: Callable[[LeaseLost], None], busy: Busy, asked: Callable[[Held], None]
+        ) -> tuple[Lease, Held]:
             campaign = Campaign(
                 store.url,
                 name,
@@ -121,6 +132,8 @@ def leader(
                 heartbeat_target=None,
                 poll_interval=None,
                 cancel_on_lost=True,
+                data=published,
+                on_release_requested=asked,
             )
             # Nothing sets this stop: SIGINT, SIGTERM and SIGHUP end the campaign by
             # raising (hold_and_run's handlers), as they end run's wait.

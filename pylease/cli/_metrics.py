@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pylease._operations import PageRow
+from pylease._rows import PageRow
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,16 @@ KillAfterOption = Annotated[
     ),
 ]
 KILL_AFTER = timedelta(seconds=10)
+DataOption = Annotated[
+    str | None,
+    typer.Option(
+        "--data",
+        metavar="JSON",
+        help="What to publish with the lease (lease_status's data), as JSON; default: "
+        '{"command", "host", "pid", "user"} of this run; null: nothing.',
+        show_default=False,
+    ),
+]
 QuietOption = Annotated[
     bool, typer.Option("--quiet", "-q", help="Say nothing while the lease is busy.")
 ]
@@ -210,6 +220,7 @@ def lease_options(
     min_hold: timedelta | None = None,
     *,
     shared: bool = False,
+    data: object = None,
 ) -> Any:
     from pylease._held import options
 
@@ -223,7 +234,35 @@ def lease_options(
         min_hold=min_hold,
         poll_interval=None,
         shared=shared,
+        data=data,
     )
+
+
+def run_data(text: str | None, cmd: list[str]) -> object:
+    """What ``run`` and ``leader`` publish with their lease: ``--data`` parsed (a usage
+    error unless it is JSON), else who runs what where."""
+    import getpass
+    import json
+    import shlex
+    import socket
+
+    if text is not None:
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            from pylease.cli._edge import EXIT_USAGE, fail
+
+            raise fail(f"--data must be JSON: {exc}", EXIT_USAGE) from None
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid (a container): the data says what it can
+        user = str(os.getuid())
+    return {
+        "command": shlex.join(cmd),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "user": user,
+    }
 
 
 def width(wide: bool) -> int | None:

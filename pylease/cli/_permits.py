@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from pylease import durations
-from pylease._operations import PermitRow
+from pylease._rows import PermitRow
 from pylease.cli import _render
 from pylease.cli._app import command
 from pylease.cli._database import connect, find_store, server_now

@@ -9,6 +9,7 @@ look-alike holders differ.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import sys
 import threading
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 import typer
 
 from pylease import durations
-from pylease._operations import LeaseRow, PermitRow
+from pylease._rows import LeaseRow, PermitRow
 
 PREFIX = "pylease: "
 ELLIPSIS = "…"
@@ -87,6 +88,9 @@ def row_json(row: LeaseRow) -> dict[str, Any]:
         "ttl": row.ttl.total_seconds(),
         "shared": row.shared,
         "kind": "lease",  # beside semaphores (pylease.cli._permits.semaphore_json)
+        # What its holder published with the tenure, and who asked it to step down.
+        "data": row.data,
+        "release_requested_by": row.release_requested_by,
     }
 
 
@@ -143,9 +147,17 @@ class Cells:
     fence: str
     age: str
     expires: str
+    # Shown with --wide only: the tenure's data, and a step-down request.
+    data: str = ""
 
 
-HEADER = Cells("NAME", "STATE", "HOLDER", "FENCE", "AGE", "EXPIRES")
+HEADER = Cells("NAME", "STATE", "HOLDER", "FENCE", "AGE", "EXPIRES", "DATA")
+
+
+def data_cell(data: object, asked: str | None = None) -> str:
+    """A lease's data as compact JSON (``-``: none), and who asked it to step down."""
+    shown = "-" if data is None else printable(json.dumps(data, separators=(",", ":")))
+    return shown if asked is None else f"{shown} (asked to step down by {printable(asked)})"
 
 
 class Shown(Protocol):
@@ -178,7 +190,10 @@ def cells(row: LeaseRow | PermitRow | Shown, now: datetime) -> Cells:
         age = durations.spell(now - aware(row.expires_at)) if expires <= timedelta(0) else "-"
         until = "-"
     holder = "-" if row.holder is None else printable(row.holder)
-    return Cells(printable(label), state, holder, str(row.fence), age, until)
+    data = ""
+    if isinstance(row, LeaseRow):
+        data = data_cell(row.data, row.release_requested_by)
+    return Cells(printable(label), state, holder, str(row.fence), age, until, data)
 
 
 def shorten(text: str, width: int) -> str:
@@ -233,6 +248,9 @@ def table(
             else:  # both long: enough of a holder to tell two apart, names folded
                 holder_w = min(holder_w, max(room * 2 // 5, MIN_HOLDER))
                 name_w = min(name_w, max(room - holder_w, MIN_NAME))
+    # --wide shows what holders published, when any did (or was asked to step down).
+    data = width is None and any(c.data not in ("", "-") for c in body)
+    expires_w = widest(lambda c: c.expires)
     lines = []
     for c in every:
         names = fold(c.name, name_w)
@@ -243,8 +261,10 @@ def table(
             holder.ljust(holder_w),
             c.fence.rjust(fixed["fence"]),
             c.age.rjust(fixed["age"]),
-            c.expires,
+            c.expires.ljust(expires_w) if data else c.expires,
         ]
+        if data:
+            first.append(c.data or "-")
         lines.append(GAP.join(first).rstrip())
         lines.extend(part.rstrip() for part in names[1:])
     return lines
@@ -293,7 +313,7 @@ def history_lines(events: Sequence[Any], now: datetime, width: int | None) -> li
 # Holders ------------------------------------------------------------------------
 
 
-def holder_json(row: Any) -> dict[str, Any]:
+def holder_json(row: Any, data: object = None) -> dict[str, Any]:
     """One holder for ``holders --json``: ISO-8601 times."""
     return {
         "name": row.name,
@@ -304,11 +324,24 @@ def holder_json(row: Any) -> dict[str, Any]:
         "acquired_at": iso(row.acquired_at),
         "renewed_at": iso(row.renewed_at),
         "expires_at": iso(row.expires_at),
+        "data": data,
     }
 
 
-def holders_lines(rows: Sequence[Any], now: datetime, width: int | None) -> list[str]:
-    """``pylease holders``: one line per holder; holders shortened to fit, names never."""
+def holders_lines(
+    rows: Sequence[Any], data: Sequence[object], now: datetime, width: int | None
+) -> list[str]:
+    """``pylease holders``: one line per holder; holders shortened to fit, names never;
+    with --wide (``width`` None) and data published, the exclusive holders' data last."""
+    lines = _holders_table(rows, now, width)
+    if width is None and any(d is not None for d in data):
+        size = max(len(line) for line in lines)
+        cells = ["DATA", *(data_cell(d) for d in data)]
+        lines = [f"{line.ljust(size)}{GAP}{cell}" for line, cell in zip(lines, cells, strict=True)]
+    return lines
+
+
+def _holders_table(rows: Sequence[Any], now: datetime, width: int | None) -> list[str]:
     head = ("NAME", "MODE", "SLOT", "FENCE", "AGE", "EXPIRES", "HOLDER")
     body = [
         (

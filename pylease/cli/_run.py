@@ -26,6 +26,7 @@ from pylease.cli._edge import EXIT_USAGE, at_edge, fail, key, say
 from pylease.cli._options import (
     KILL_AFTER,
     ClaimMaxPermitsOption,
+    DataOption,
     DsnOption,
     KillAfterOption,
     OwnHolderOption,
@@ -39,6 +40,7 @@ from pylease.cli._options import (
     WaitOption,
     duration,
     lease_options,
+    run_data,
 )
 from pylease.cli._permits import busy_line as permits_busy_line
 from pylease.cli._permits import permits_wanted, slot_taken_line
@@ -52,13 +54,18 @@ if TYPE_CHECKING:
 
 # How a command gets its lease: given the loss callback and the busy observer, the
 # lease entered (granted, kept fresh) and its Held; LeaseBusy when the wait ran out.
-Enter = Callable[[Callable[["LeaseLost"], None], Busy], "tuple[Lease, Held]"]
+# How a command gets its lease: with what to call when it is lost, the spinner, and what
+# to call when its holder is asked to step down.
+Enter = Callable[
+    [Callable[["LeaseLost"], None], Busy, Callable[["Held"], None]], "tuple[Lease, Held]"
+]
 
 
 @command(
     names_then_command=True,
     epilog="Exit codes: the command's own; 128+N when signal N killed it; 127 command not "
-    "found; 126 not executable; 75 the lease was lost while it ran; --busy-exit (default 1) "
+    "found; 126 not executable; 75 the lease was lost while it ran; 76 it was asked to step "
+    "down (pylease request-release); --busy-exit (default 1) "
     "when the lease stayed busy; 2 usage; 3 database or configuration error.",
 )
 def run(
@@ -99,6 +106,7 @@ def run(
     ] = None,
     kill_after: KillAfterOption = KILL_AFTER,
     shared: SharedOption = False,
+    data: DataOption = None,
     quiet: QuietOption = False,
     dsn: DsnOption = None,
     require_dsn: RequireDsnOption = False,
@@ -112,7 +120,9 @@ def run(
     last writer's fence and a store that checks fences must not take it for one). SIGINT, SIGTERM
     and SIGHUP are passed on to it. If the lease is lost, CMD gets SIGTERM, then SIGKILL
     after --kill-after or at the lease's local expiry, whichever comes first, and pylease
-    exits 75.
+    exits 75. The lease carries {"command", "host", "pid", "user"} as its data (--data
+    JSON: what you give); asked to step down (`pylease request-release NAME`), CMD is
+    stopped as for a loss, the lease released, and pylease exits 76.
 
     Several NAMEs are claimed all at once or not at all, and waited for holding none of
     them; CMD also sees PYLEASE_FENCES (name=fence pairs, separated by spaces), and
@@ -139,9 +149,14 @@ def run(
         edge.store = store = find_store(dsn, schema, require_dsn)
         if shared and (len(names) > 1 or count is not None):
             raise fail("--shared takes one lease: not several names, not --max-permits", EXIT_USAGE)
-        opts = lease_options(names[0], ttl, holder, wait, min_hold, shared=shared)
+        # A lease's data: its holder's (readers, permits and several names have none).
+        one = len(names) == 1 and count is None and not shared
+        published = run_data(data, cmd) if one else None
+        opts = lease_options(names[0], ttl, holder, wait, min_hold, shared=shared, data=published)
 
-        def enter(on_lost: Callable[[LeaseLost], None], busy: Busy) -> tuple[Lease, Held]:
+        def enter(
+            on_lost: Callable[[LeaseLost], None], busy: Busy, asked: Callable[[Held], None]
+        ) -> tuple[Lease, Held]:
             # One claim per attempt, by the library's own wait loop, on the lease that
             # then stays held: no claim of our own first.
             holding: Lease
@@ -156,7 +171,8 @@ def run(
                     store.url, names, ttl, holder=holder, wait=opts.wait, on_lost=on_lost
                 )
             else:
-                holding = Lease(store.url, opts, on_lost=on_lost, heartbeat_target=None)
+                opts_ = opts._replace(on_release_requested=asked if one else None)
+                holding = Lease(store.url, opts_, on_lost=on_lost, heartbeat_target=None)
             holding.on_busy = busy
             return holding, holding.__enter__()
 
@@ -208,10 +224,18 @@ def hold_and_run(
     from pylease.errors import LeaseLost
 
     lost = threading.Event()
+    asked = threading.Event()
     why: list[str] = []
 
     def on_lost(error: LeaseLost) -> None:  # on the keeper's thread
         why.append(str(error))
+        lost.set()
+
+    def on_release_requested(held: Held) -> None:  # on a thread of its own
+        # Stopped as for a loss (SIGTERM, SIGKILL after --kill-after, before the lease's
+        # expiry), but the lease is still ours: it is given back after.
+        why.append(f"{held.release_requested_by} asked lease {name!r} to step down")
+        asked.set()
         lost.set()
 
     holding: Lease | None = None
@@ -222,7 +246,7 @@ def hold_and_run(
             with _render.spinner(name, quiet) as show:
                 busy = Busy(show)
                 try:
-                    holding, held = enter(on_lost, busy)
+                    holding, held = enter(on_lost, busy, on_release_requested)
                 except LeaseBusy:
                     if not quiet:
                         if busy_says is not None:
@@ -249,7 +273,10 @@ def hold_and_run(
         raise typer.Exit(128 + sig.signum) from None
     assert holding is not None  # entered, or busy or a signal ended this already
     code = _child.LOST if outcome.lost else outcome.code
-    if outcome.lost and not stderr_log.failing(name):
+    stepped_down = outcome.lost and asked.is_set() and not held.lost
+    if stepped_down:
+        code = _child.STEPPED_DOWN
+    elif outcome.lost and not stderr_log.failing(name):
         # The command is stopped already: now there is time to ask who has the lease.
         taken = _taken_by(store, held)
         if taken:
@@ -257,7 +284,10 @@ def hold_and_run(
     try:
         holding.__exit__(None, None, None)  # releases, with --min-hold
     except LeaseLost as exc:
-        if not outcome.lost:
+        if stepped_down:
+            say(f"{exc}, while {cmd[0]} stopped")
+            code = _child.LOST
+        elif not outcome.lost:
             say(f"{exc}; {cmd[0]} ran to its end without it")
             code = _child.LOST
     except PyleaseError as exc:

@@ -183,15 +183,21 @@ def holders(
         edge.store = store = find_store(dsn, schema, require_dsn)
         with connect(store, "pylease holders") as (backend, conn):
             rows = backend.holders(name)
+            # lease_holders keeps its shape (contract 5.2): a writer's data is its tenure's
+            # in lease_status, matched by fence so that a newer tenure's is never shown.
+            tenures = {(s.name, s.fence): s.data for s in backend.status(name)} if rows else {}
             now = server_now(store, conn)
+        data = [tenures.get((r.name, r.fence)) if r.mode == "exclusive" else None for r in rows]
         if as_json:
-            typer.echo(json.dumps([_render.holder_json(r) for r in rows]))
+            typer.echo(
+                json.dumps([_render.holder_json(r, d) for r, d in zip(rows, data, strict=True)])
+            )
         elif not rows:
             typer.echo(
                 f"nobody holds {name!r}" if name else f"nobody holds a lease in {store.shown}"
             )
         else:
-            typer.echo("\n".join(_render.holders_lines(rows, now, width(wide))))
+            typer.echo("\n".join(_render.holders_lines(rows, data, now, width(wide))))
 
 
 @command()

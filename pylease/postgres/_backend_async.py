@@ -33,7 +33,7 @@ from psycopg.rows import tuple_row
 
 from pylease._backend_async import AsyncBackend
 from pylease._budget import connect_timeout
-from pylease._operations import COUNT, FLAG, GRANT, VALUE, Operation
+from pylease._operations import COUNT, DATALESS, FLAG, GRANT, VALUE, Operation
 from pylease._targets import is_idle
 from pylease.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from pylease.postgres._abandon import bounded
@@ -113,6 +113,10 @@ class AsyncPostgresBackend(AsyncBackend):
         return None if row is None else str(row[0])
 
     async def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
+        plain = DATALESS.get(op.name)
+        if plain is not None and params[plain[1]] is None:
+            op, at = plain
+            params = params[:at] + params[at + 1 :]
         if op.kind is GRANT:
             # A grant or renewal must not count unless durable.
             with confirmed(self.conn, name):

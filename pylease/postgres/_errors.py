@@ -19,7 +19,10 @@ from pylease.errors import (
     SchemaMissing,
 )
 
-MISSING_SCHEMA_HINT = "the pylease schema is not installed here: run `pylease migrate --dsn ...`"
+MISSING_SCHEMA_HINT = (
+    "the pylease schema is not installed here, or is older than this pylease:"
+    " run `pylease migrate --dsn ...`"
+)
 
 
 def bad_parameter(exc: pg_errors.InvalidParameterValue) -> str:
@@ -40,7 +43,8 @@ def translate(exc: psycopg.Error, name: str | None = None) -> PyleaseError:
     if isinstance(exc, pg_errors.ProgramLimitExceeded):
         return FenceExhausted(exc.diag.message_primary or one_line(exc), name=name)
     # InvalidSchemaName: the schema a lease's statements name was dropped meanwhile;
-    # UndefinedColumn: a schema older than the columns read (lease_status's shared).
+    # UndefinedFunction and UndefinedColumn: also a schema older than what is called or
+    # read (lease_claim with data, lease_status's shared).
     if isinstance(
         exc,
         pg_errors.UndefinedFunction

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from pylease import _operations
 from pylease._backend import Backend
 from pylease._backend_async import AsyncBackend
-from pylease._operations import COUNT, FLAG, GRANT, READ, VALUE, Json, Operation, Renewal
+from pylease._operations import COUNT, FLAG, GRANT, READ, VALUE, Operation
 from pylease._resources import data_dir
+from pylease._rows import Json, Renewal
 from pylease.errors import DatabaseUnavailable, FenceExhausted, InvalidArgument
 from pylease.sqlite._connection import DEFAULT_BUSY_TIMEOUT
 from pylease.sqlite._errors import _errors, _where

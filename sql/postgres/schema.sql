@@ -36,6 +36,12 @@ CREATE TABLE pylease_leases (
     takeovers   bigint      NOT NULL DEFAULT 0,
     steals      bigint      NOT NULL DEFAULT 0,
     releases    bigint      NOT NULL DEFAULT 0,
+    -- The tenure's: replaced by every new grant (NULL unless the grant gives some).
+    data        jsonb,
+    -- A step-down request (lease_request_release), until the tenure ends.
+    release_requested_by text,
+    -- Somebody watches the name (lease_watch): its changes notify (pylease_tell_watchers).
+    watched     boolean     NOT NULL DEFAULT false,
     CONSTRAINT pylease_leases_unclaimed CHECK (holder IS NOT NULL OR released)
 ) WITH (fillfactor = 50);
 
@@ -365,7 +371,8 @@ CREATE TRIGGER pylease_leases_register BEFORE INSERT ON pylease_leases
 -- exactly the row they replace; otherwise somebody else changed it meanwhile and the
 -- claim looks again. Internal: executable by PUBLIC, since lease_claim and
 -- lease_claim_new are SQL functions inlined into their callers' statements.
-CREATE FUNCTION pylease_claim(name text, ttl interval, holder text, new_tenure boolean)
+CREATE FUNCTION pylease_claim(name text, ttl interval, holder text, new_tenure boolean,
+                              data jsonb)
 RETURNS bigint
 -- A takeover waits at most lock_timeout for a holder's open fenced transaction
 -- (lease_holds locks the row FOR KEY SHARE), then counts as busy.
@@ -387,11 +394,15 @@ BEGIN
        OR pylease_claim.ttl <= interval '0' OR pylease_claim.ttl > interval '366 days'
        OR pylease_claim.holder IS NULL OR pylease_claim.holder = ''
        OR length(pylease_claim.holder) > 200 OR pylease_claim.new_tenure IS NULL
+       -- Data as text is at most 6 characters a byte of jsonb (an escaped control
+       -- character): only larger data pays for the text.
+       OR (pg_column_size(pylease_claim.data) > 1024 AND length(pylease_claim.data::text) > 8192)
        OR current_setting('transaction_read_only') = 'on'
     THEN
         PERFORM pylease_check_key('name', pylease_claim.name);
         PERFORM pylease_check_ttl('ttl', pylease_claim.ttl);
         PERFORM pylease_check_key('holder', pylease_claim.holder);
+        PERFORM pylease_check_data(pylease_claim.data);
         IF pylease_claim.new_tenure IS NULL THEN
             RAISE EXCEPTION 'pylease: new_tenure must not be NULL'
                 USING ERRCODE = '22023', COLUMN = 'new_tenure';
@@ -419,10 +430,10 @@ BEGIN
         ELSIF s_fence IS NULL THEN
             -- A first claim of the name; a conflict means another claimer created it first.
             INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
-                                             expires_at, grants)
+                                             expires_at, grants, data)
             VALUES (pylease_claim.name, pylease_claim.holder,
                     ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
-                    pylease_claim.ttl, t_now, t_now, t_now + pylease_claim.ttl, 1)
+                    pylease_claim.ttl, t_now, t_now, t_now + pylease_claim.ttl, 1, pylease_claim.data)
             ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
             RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
             IF history IS NULL OR history IN ('', 'rare', 'none') THEN
@@ -440,7 +451,10 @@ BEGIN
             UPDATE pylease_leases AS l
                SET ttl        = pylease_claim.ttl,
                    renewed_at = t_now,
-                   expires_at = greatest(l.expires_at, t_now + pylease_claim.ttl)
+                   expires_at = greatest(l.expires_at, t_now + pylease_claim.ttl),
+                   -- The tenure's data, unless this claim gives some (a retried
+                   -- claim gives what the lost one gave).
+                   data       = coalesce(pylease_claim.data, l.data)
              WHERE l.name = pylease_claim.name AND l.fence = s_fence
                AND l.holder = pylease_claim.holder AND NOT l.released
             RETURNING l.fence INTO granted;
@@ -471,6 +485,9 @@ BEGIN
                        renewed_at  = t_now,
                        expires_at  = t_now + pylease_claim.ttl,
                        released    = false,
+                       -- A new tenure: its own data (NULL unless given), no request.
+                       data        = pylease_claim.data,
+                       release_requested_by = NULL,
                        grants      = l.grants + 1,
                        takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
                  WHERE l.name = pylease_claim.name AND l.fence = s_fence AND l.released = s_freed
@@ -535,7 +552,15 @@ $$;
 -- function it calls was resolved then, so no search_path can stand in for it.
 CREATE FUNCTION lease_claim(name text, ttl interval, holder text) RETURNS bigint
 LANGUAGE sql
-RETURN pylease_claim(lease_claim.name, lease_claim.ttl, lease_claim.holder, false);
+RETURN pylease_claim(lease_claim.name, lease_claim.ttl, lease_claim.holder, false, NULL::jsonb);
+
+-- Claim a lease (as lease_claim), recording data with the grant: at most 8192
+-- characters as JSON text, else 22023. Beside it, lease_claim has two signatures: a
+-- reference without one (to_regproc('lease_claim'), COMMENT ON FUNCTION lease_claim)
+-- is ambiguous.
+CREATE FUNCTION lease_claim(name text, ttl interval, holder text, data jsonb) RETURNS bigint
+LANGUAGE sql
+RETURN pylease_claim(lease_claim.name, lease_claim.ttl, lease_claim.holder, false, lease_claim.data);
 
 -- Claim a new tenure (pylease_claim): as lease_claim, except that a tenure of the
 -- same holder is never continued. Unexpired, it is busy: another process uses this
@@ -544,7 +569,14 @@ RETURN pylease_claim(lease_claim.name, lease_claim.ttl, lease_claim.holder, fals
 -- earlier tenure's fenced writes (lease_holds with its fence) fail from then on.
 CREATE FUNCTION lease_claim_new(name text, ttl interval, holder text) RETURNS bigint
 LANGUAGE sql
-RETURN pylease_claim(lease_claim_new.name, lease_claim_new.ttl, lease_claim_new.holder, true);
+RETURN pylease_claim(lease_claim_new.name, lease_claim_new.ttl, lease_claim_new.holder, true,
+                     NULL::jsonb);
+
+-- Claim a new tenure (as lease_claim_new), recording data with the grant.
+CREATE FUNCTION lease_claim_new(name text, ttl interval, holder text, data jsonb) RETURNS bigint
+LANGUAGE sql
+RETURN pylease_claim(lease_claim_new.name, lease_claim_new.ttl, lease_claim_new.holder, true,
+                     lease_claim_new.data);
 
 -- Renew the tenure with this fence of a lease this holder still holds, also past its
 -- expiry if nobody took it: a late renewal of an earlier tenure (sent before the
@@ -971,6 +1003,8 @@ BEGIN
                                       THEN greatest(l.expires_at, t_now + lease_steal.ttl)
                                       ELSE t_now + lease_steal.ttl END,
                    released    = false,
+                   data        = NULL,
+                   release_requested_by = NULL,
                    grants      = l.grants + 1,
                    takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
                    steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
@@ -1054,7 +1088,8 @@ $$;
 CREATE FUNCTION lease_status(name text DEFAULT NULL)
 RETURNS TABLE(name text, holder text, fence bigint, acquired_at timestamptz,
               renewed_at timestamptz, expires_at timestamptz, held boolean,
-              state text, ttl interval, shared integer)
+              state text, ttl interval, shared integer, data jsonb,
+              release_requested_by text)
 LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT pylease_check_key('name', $1) WHERE $1 IS NOT NULL;
     SELECT l.name,
@@ -1068,7 +1103,11 @@ LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
                 WHEN l.expires_at > c.now THEN CASE WHEN l.released THEN 'resting' ELSE 'held' END
                 WHEN l.released THEN 'released' ELSE 'expired' END,
            CASE WHEN r.n > 0 THEN r.ttl ELSE l.ttl END,
-           r.n::integer
+           r.n::integer,
+           -- A tenure's: the exclusive holder's data (a released lease's last), and a
+           -- step-down request while the tenure lasts.
+           CASE WHEN r.n > 0 THEN NULL ELSE l.data END,
+           CASE WHEN r.n > 0 OR l.released THEN NULL ELSE l.release_requested_by END
       FROM pylease_leases AS l
      CROSS JOIN (SELECT clock_timestamp() AS now) AS c
      CROSS JOIN LATERAL (
@@ -1253,8 +1292,12 @@ COMMENT ON FUNCTION lease_claim(text, interval, text) IS
     'pylease: claim a lease; returns the fence when granted, NULL when another holder''s unexpired lease stands.';
 COMMENT ON FUNCTION lease_claim_new(text, interval, text) IS
     'pylease: claim a new tenure; the fence when granted, NULL while anyone''s unexpired lease stands, this holder''s own included.';
-COMMENT ON FUNCTION pylease_claim(text, interval, text, boolean) IS
-    'pylease (internal): the one body of lease_claim (new_tenure false) and lease_claim_new (true).';
+COMMENT ON FUNCTION pylease_claim(text, interval, text, boolean, jsonb) IS
+    'pylease (internal): the one body of lease_claim (new_tenure false) and lease_claim_new (true), with data or without (NULL).';
+COMMENT ON FUNCTION lease_claim(text, interval, text, jsonb) IS
+    'pylease: claim a lease, recording data with the grant; the fence when granted, NULL when another holder''s unexpired lease stands.';
+COMMENT ON FUNCTION lease_claim_new(text, interval, text, jsonb) IS
+    'pylease: claim a new tenure, recording data with the grant; the fence when granted, NULL while anyone''s unexpired lease stands.';
 COMMENT ON FUNCTION lease_renew(text, text, interval) IS
     'pylease: extend a lease this holder still holds to the later of its expiry and now + ttl (the last ttl when NULL); false once lost.';
 COMMENT ON FUNCTION lease_renew(text, text, interval, bigint) IS
@@ -1274,7 +1317,7 @@ COMMENT ON FUNCTION lease_steal(text, interval, text, interval) IS
 COMMENT ON FUNCTION lease_holds(text, text, bigint) IS
     'pylease: true iff the unexpired lease is held by this holder with this fence; locks the row FOR KEY SHARE against every grant.';
 COMMENT ON FUNCTION lease_status(text) IS
-    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released; state is held, shared, resting, released or expired; shared counts the readers.';
+    'pylease: one row per lease name (all when name is NULL); held means unexpired and not released; state is held, shared, resting, released or expired; shared counts the readers; data and release_requested_by are the tenure''s.';
 COMMENT ON FUNCTION lease_counters(text) IS
     'pylease: per name (leases and semaphores), how many grants, takeovers, steals and releases there were.';
 COMMENT ON FUNCTION lease_history(text, timestamptz, integer) IS
@@ -1519,22 +1562,11 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Busy: fewer than permits slots free. Reads only.
-    IF (SELECT count(*) FROM pylease_permits AS p
-         WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
-           AND NOT EXISTS (SELECT FROM pylease_permits AS q
-                            WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
-                              AND q.slot % s_max = p.slot AND q.expires_at > t_now)
-       ) < pylease_permit_claim.permits THEN
-        RETURN;
-    END IF;
-
-    history := current_setting('pylease.history', true);
-    IF history NOT IN ('', 'rare', 'all', 'none') THEN
-        PERFORM pylease_refuse_history(history);
-    END IF;
     start := ((hashtext(pylease_permit_claim.holder) % s_max) + s_max) % s_max;
-    BEGIN
+    IF pylease_permit_claim.permits = 1 AND mine = 0 THEN
+        -- One slot for a holder that has none: it is free and locked here, or the
+        -- claim is busy having locked nothing (no write, nothing to give back), so no
+        -- subtransaction is needed: it would cost the claim a sixth of its time.
         SELECT array_agg(c.slot) INTO taken FROM (
             SELECT p.slot FROM pylease_permits AS p
              WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
@@ -1542,65 +1574,97 @@ BEGIN
                                 WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
                                   AND q.slot % s_max = p.slot AND q.expires_at > t_now)
              ORDER BY (p.slot - start + s_max) % s_max
-             LIMIT pylease_permit_claim.permits
+             LIMIT 1
                FOR UPDATE OF p SKIP LOCKED) AS c;
-        IF coalesce(cardinality(taken), 0) < pylease_permit_claim.permits THEN
-            -- Other claimers took the slots meanwhile: give back the ones locked here.
-            RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+        IF taken IS NULL THEN
+            RETURN;
         END IF;
-        SELECT min(p.slot) INTO worn FROM pylease_permits AS p
+    ELSE
+        -- Busy: fewer than permits slots free. Reads only.
+        IF (SELECT count(*) FROM pylease_permits AS p
+             WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
+               AND NOT EXISTS (SELECT FROM pylease_permits AS q
+                                WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
+                                  AND q.slot % s_max = p.slot AND q.expires_at > t_now)
+           ) < pylease_permit_claim.permits THEN
+            RETURN;
+        END IF;
+        -- Several slots, or a new tenure that ends the holder's earlier one: locks taken
+        -- before the claim turns out busy are given back with the subtransaction.
+        BEGIN
+            SELECT array_agg(c.slot) INTO taken FROM (
+                SELECT p.slot FROM pylease_permits AS p
+                 WHERE p.name = pylease_permit_claim.name AND p.slot < s_max
+                   AND p.expires_at <= t_now
+                   AND NOT EXISTS (SELECT FROM pylease_permits AS q
+                                    WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
+                                      AND q.slot % s_max = p.slot AND q.expires_at > t_now)
+                 ORDER BY (p.slot - start + s_max) % s_max
+                 LIMIT pylease_permit_claim.permits
+                   FOR UPDATE OF p SKIP LOCKED) AS c;
+            IF coalesce(cardinality(taken), 0) < pylease_permit_claim.permits THEN
+                -- Other claimers took the slots meanwhile: give back the ones locked here.
+                RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+            END IF;
+            IF mine > 0 THEN
+                -- A new tenure: the holder's expired slots not taken again end with the
+                -- earlier one (a slot another transaction keeps locked past lock_timeout,
+                -- a renewal or release of the earlier one, makes the claim busy).
+                UPDATE pylease_permits AS p SET released = true
+                 WHERE p.name = pylease_permit_claim.name
+                   AND p.holder = pylease_permit_claim.holder
+                   AND NOT p.released AND p.slot <> ALL (taken);
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PLBSY' OR lock_not_available OR deadlock_detected THEN
+            RETURN;
+        END;
+    END IF;
+    history := current_setting('pylease.history', true);
+    IF history NOT IN ('', 'rare', 'all', 'none') THEN
+        PERFORM pylease_refuse_history(history);
+    END IF;
+    SELECT min(p.slot) INTO worn FROM pylease_permits AS p
+     WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
+       AND p.fence = 9223372036854775807;
+    IF worn IS NOT NULL THEN
+        RAISE EXCEPTION 'pylease: semaphore % has used every fence of slot %: it cannot be granted again',
+            quote_literal(pylease_permit_claim.name), worn USING ERRCODE = '54000';
+    END IF;
+    -- A fence floored by the timeline, as a lease's. The next grant of a slot freed
+    -- by permit_revoke from an unexpired holder is a steal.
+    RETURN QUERY
+    WITH old AS (
+        SELECT p.slot, p.holder, p.fence, p.released, p.revoked FROM pylease_permits AS p
          WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
-           AND p.fence = 9223372036854775807;
-        IF worn IS NOT NULL THEN
-            RAISE EXCEPTION 'pylease: semaphore % has used every fence of slot %: it cannot be granted again',
-                quote_literal(pylease_permit_claim.name), worn USING ERRCODE = '54000';
-        END IF;
-        IF mine > 0 THEN
-            -- A new tenure: the holder's expired slots not taken again end with the
-            -- earlier one (a slot another transaction keeps locked past lock_timeout,
-            -- a renewal or release of the earlier one, makes the claim busy).
-            UPDATE pylease_permits AS p SET released = true
-             WHERE p.name = pylease_permit_claim.name AND p.holder = pylease_permit_claim.holder
-               AND NOT p.released AND p.slot <> ALL (taken);
-        END IF;
-        -- A fence floored by the timeline, as a lease's. The next grant of a slot freed
-        -- by permit_revoke from an unexpired holder is a steal.
-        RETURN QUERY
-        WITH old AS (
-            SELECT p.slot, p.holder, p.fence, p.released, p.revoked FROM pylease_permits AS p
-             WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
-        ), granted AS (
-            UPDATE pylease_permits AS p
-               SET fence       = greatest(p.fence + 1,
-                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
-                   holder      = pylease_permit_claim.holder,
-                   permits     = pylease_permit_claim.permits,
-                   ttl         = pylease_permit_claim.ttl,
-                   acquired_at = t_now,
-                   renewed_at  = t_now,
-                   expires_at  = t_now + pylease_permit_claim.ttl,
-                   released    = false,
-                   revoked     = false,
-                   grants      = p.grants + 1,
-                   takeovers   = p.takeovers + CASE WHEN o.fence > 0 AND NOT o.released THEN 1 ELSE 0 END,
-                   steals      = p.steals + CASE WHEN o.revoked THEN 1 ELSE 0 END
-              FROM old AS o
-             WHERE p.name = pylease_permit_claim.name AND p.slot = o.slot
-            RETURNING p.slot, p.fence,
-                      CASE WHEN o.revoked THEN 'stolen' WHEN o.fence = 0 OR o.released THEN 'claimed'
-                           ELSE 'taken_over' END AS event,
-                      CASE WHEN o.fence > 0 THEN o.holder END AS previous
-        ), recorded AS (
-            INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
-            SELECT t_now, pylease_permit_claim.name, g.event, pylease_permit_claim.holder, g.fence,
-                   g.previous, g.slot
-              FROM granted AS g
-             WHERE history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND g.event <> 'claimed')
-        )
-        SELECT g.slot, g.fence FROM granted AS g ORDER BY g.slot;
-    EXCEPTION WHEN SQLSTATE 'PLBSY' OR lock_not_available OR deadlock_detected THEN
-        RETURN;
-    END;
+    ), granted AS (
+        UPDATE pylease_permits AS p
+           SET fence       = greatest(p.fence + 1,
+                ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+               holder      = pylease_permit_claim.holder,
+               permits     = pylease_permit_claim.permits,
+               ttl         = pylease_permit_claim.ttl,
+               acquired_at = t_now,
+               renewed_at  = t_now,
+               expires_at  = t_now + pylease_permit_claim.ttl,
+               released    = false,
+               revoked     = false,
+               grants      = p.grants + 1,
+               takeovers   = p.takeovers + CASE WHEN o.fence > 0 AND NOT o.released THEN 1 ELSE 0 END,
+               steals      = p.steals + CASE WHEN o.revoked THEN 1 ELSE 0 END
+          FROM old AS o
+         WHERE p.name = pylease_permit_claim.name AND p.slot = o.slot
+        RETURNING p.slot, p.fence,
+                  CASE WHEN o.revoked THEN 'stolen' WHEN o.fence = 0 OR o.released THEN 'claimed'
+                       ELSE 'taken_over' END AS event,
+                  CASE WHEN o.fence > 0 THEN o.holder END AS previous
+    ), recorded AS (
+        INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
+        SELECT t_now, pylease_permit_claim.name, g.event, pylease_permit_claim.holder, g.fence,
+               g.previous, g.slot
+          FROM granted AS g
+         WHERE history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND g.event <> 'claimed')
+    )
+    SELECT g.slot, g.fence FROM granted AS g ORDER BY g.slot;
 END
 $$;
 
@@ -1999,6 +2063,8 @@ BEGIN
                    expires_at  = CASE WHEN o.own THEN greatest(l.expires_at, t_now + pylease_claim_all.ttl)
                                       ELSE t_now + pylease_claim_all.ttl END,
                    released    = false,
+                   data        = CASE WHEN o.own THEN l.data END,
+                   release_requested_by = CASE WHEN o.own THEN l.release_requested_by END,
                    grants      = l.grants + CASE WHEN o.own THEN 0 ELSE 1 END,
                    takeovers   = l.takeovers + CASE WHEN o.own OR o.released THEN 0 ELSE 1 END
               FROM old AS o
@@ -2175,13 +2241,15 @@ COMMENT ON FUNCTION lease_release_all(text[], text, bigint[]) IS
 -- part of the contract.
 CREATE FUNCTION pylease_renew_held(kinds text[], names text[], holders text[], ttls interval[],
                                    fences bigint[], slots integer[])
-RETURNS TABLE(name text, renewed boolean, expires_at timestamptz, server_time timestamptz)
+RETURNS TABLE(name text, renewed boolean, expires_at timestamptz, server_time timestamptz,
+              release_requested_by text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     t_now timestamptz := clock_timestamp();
     l_at  bigint[];
     l_exp timestamptz[];
+    l_req text[];
     p_at  bigint[];
     p_exp timestamptz[];
     s_at  bigint[];
@@ -2245,24 +2313,31 @@ BEGIN
                                                  pylease_renew_held.ttls) IS NULL
                         ELSE true END
         ), locked AS (
-            SELECT l.name, w.h, w.t
+            SELECT l.name, w.h, w.t, w.i
               FROM wanted AS w JOIN pylease_leases AS l
                 ON l.name = w.n AND l.holder = w.h AND (w.f IS NULL OR l.fence = w.f)
              WHERE NOT l.released
              ORDER BY l.name
                FOR NO KEY UPDATE OF l
+        ), grouped AS (
+            -- The positions of each row's elements (one, unless the batch names a lease
+            -- twice) ride through the update: no join of the batch with what was
+            -- renewed, which the planner, misled by the batch's filtered estimate,
+            -- made a nested loop over every pair of elements.
+            SELECT k.name, k.h, max(k.t) AS t, array_agg(k.i) AS at
+              FROM locked AS k GROUP BY k.name, k.h
         ), renewed AS (
             UPDATE pylease_leases AS l
-               SET ttl        = coalesce(k.t, l.ttl),
+               SET ttl        = coalesce(g.t, l.ttl),
                    renewed_at = t_now,
-                   expires_at = greatest(l.expires_at, t_now + coalesce(k.t, l.ttl))
-              FROM locked AS k
-             WHERE l.name = k.name AND l.holder = k.h
-            RETURNING l.name, l.holder, l.fence, l.expires_at
+                   expires_at = greatest(l.expires_at, t_now + coalesce(g.t, l.ttl))
+              FROM grouped AS g
+             WHERE l.name = g.name AND l.holder = g.h
+            RETURNING g.at, l.expires_at, l.release_requested_by
         )
-        SELECT array_agg(w.i), array_agg(r.expires_at) INTO l_at, l_exp
-          FROM wanted AS w
-          JOIN renewed AS r ON r.name = w.n AND r.holder = w.h AND (w.f IS NULL OR r.fence = w.f);
+        SELECT array_agg(x.i), array_agg(r.expires_at), array_agg(r.release_requested_by)
+          INTO l_at, l_exp, l_req
+          FROM renewed AS r CROSS JOIN LATERAL unnest(r.at) AS x(i);
     END IF;
 
     -- Readers, as lease_renew: while their epoch is still the name's fence, and is
@@ -2375,15 +2450,17 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT u.n, x.e IS NOT NULL, x.e, CASE WHEN x.e IS NOT NULL THEN t_now END
+    SELECT u.n, x.e IS NOT NULL, x.e, CASE WHEN x.e IS NOT NULL THEN t_now END, x.r
       FROM unnest(pylease_renew_held.names) WITH ORDINALITY AS u(n, i)
-      LEFT JOIN (SELECT a.i, a.e FROM unnest(coalesce(l_at, '{}'), coalesce(l_exp, '{}')) AS a(i, e)
+      LEFT JOIN (SELECT a.i, a.e, a.r
+                   FROM unnest(coalesce(l_at, '{}'), coalesce(l_exp, '{}'), coalesce(l_req, '{}'))
+                        AS a(i, e, r)
                  UNION ALL
-                 SELECT b.i, b.e FROM unnest(coalesce(p_at, '{}'), coalesce(p_exp, '{}')) AS b(i, e)
+                 SELECT b.i, b.e, NULL FROM unnest(coalesce(p_at, '{}'), coalesce(p_exp, '{}')) AS b(i, e)
                  UNION ALL
-                 SELECT c.i, c.e FROM unnest(coalesce(s_at, '{}'), coalesce(s_exp, '{}')) AS c(i, e)
+                 SELECT c.i, c.e, NULL FROM unnest(coalesce(s_at, '{}'), coalesce(s_exp, '{}')) AS c(i, e)
                  UNION ALL
-                 SELECT d.i, d.e FROM unnest(coalesce(m_at, '{}'), coalesce(m_exp, '{}')) AS d(i, e)
+                 SELECT d.i, d.e, NULL FROM unnest(coalesce(m_at, '{}'), coalesce(m_exp, '{}')) AS d(i, e)
                 ) AS x ON x.i = u.i
      ORDER BY u.i;
 END
@@ -2405,7 +2482,7 @@ END;
 COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[]) IS
     'pylease (internal, the keeper''s): renew leases and permits of several holders in one statement, each at its own ttl.';
 COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigint[], integer[]) IS
-    'pylease (internal, the keeper''s): renew leases, readers'' shares, permits and members of groups of several holders in one statement, each at its own ttl and in the tenure its fence names (a reader''s: its epoch; a member''s: its incarnation).';
+    'pylease (internal, the keeper''s): renew leases, readers'' shares, permits and members of groups of several holders in one statement, each at its own ttl and in the tenure its fence names (a reader''s: its epoch; a member''s: its incarnation); a lease''s step-down request.';
 
 -- Readers ---------------------------------------------------------------------
 
@@ -2630,6 +2707,201 @@ COMMENT ON FUNCTION lease_claim_shared(text, interval, text) IS
     'pylease: claim a share of a lease (a reader); the epoch when granted, NULL while an exclusive holder holds it or a writer waits.';
 COMMENT ON FUNCTION lease_holders(text) IS
     'pylease: every current holder of every kind (exclusive, shared, permit), of one name or all.';
+
+-- Data and step-down requests ---------------------------------------------------
+
+-- Replace the data of the tenure with this fence (NULL: whichever tenure) of a lease
+-- this holder still holds, also past its expiry if nobody took it (as lease_renew):
+-- true when it did. Watchers of the name are told (pylease_tell_watchers).
+CREATE FUNCTION lease_set_data(name text, holder text, data jsonb, fence bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pylease_check_key('name', lease_set_data.name);
+    PERFORM pylease_check_key('holder', lease_set_data.holder);
+    PERFORM pylease_check_data(lease_set_data.data);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_set_data');
+    END IF;
+    -- FOR NO KEY UPDATE (data is no key): passes a holder's fenced transaction.
+    UPDATE pylease_leases AS l
+       SET data = lease_set_data.data
+     WHERE l.name = lease_set_data.name AND l.holder = lease_set_data.holder AND NOT l.released
+       AND (lease_set_data.fence IS NULL OR l.fence = lease_set_data.fence);
+    RETURN FOUND;
+END
+$$;
+
+-- Replace the data of a lease this holder still holds, whatever its tenure (the
+-- function above with a NULL fence).
+CREATE FUNCTION lease_set_data(name text, holder text, data jsonb) RETURNS boolean
+LANGUAGE sql
+RETURN lease_set_data(lease_set_data.name, lease_set_data.holder, lease_set_data.data, NULL::bigint);
+
+-- Ask the holder of a lease to step down: true when the lease is held (unexpired, not
+-- released), and then its holder's keeper is told at its next renewal
+-- (pylease_renew_held's release_requested_by). The request belongs to the tenure: it
+-- stays until the tenure ends, so a renewal whose reply was lost loses nothing; the
+-- first requester's name is kept. Not executable by PUBLIC (an operator's).
+CREATE FUNCTION lease_request_release(name text, requested_by text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pylease_check_key('name', lease_request_release.name);
+    PERFORM pylease_check_key('requested_by', lease_request_release.requested_by);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_request_release');
+    END IF;
+    UPDATE pylease_leases AS l
+       SET release_requested_by = coalesce(l.release_requested_by,
+                                           lease_request_release.requested_by)
+     WHERE l.name = lease_request_release.name AND NOT l.released
+       AND l.expires_at > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+
+-- Watchers ----------------------------------------------------------------------
+
+-- The names somebody watches, one row per watcher, while it refreshes its expiry
+-- (lease_watch): a grant tells watchers only of these names, so that a name nobody
+-- watches costs its grants one probe of this table's key.
+CREATE TABLE pylease_watchers (
+    name       text        NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    watcher    text        NOT NULL CHECK (length(watcher) BETWEEN 1 AND 200),
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (name, watcher)
+);
+
+COMMENT ON TABLE pylease_watchers IS
+    'pylease: the names watched for changes of holder; written only through lease_watch and lease_unwatch.';
+
+
+-- Watch a lease name for changes of holder, or refresh the watch: true when it was
+-- not watched by this watcher (a new entry, or one that had expired). While the entry
+-- is unexpired, every grant, release and change of data of the name sends NOTIFY
+-- pylease_holders (pylease_tell_watchers). A watcher refreshes it well within its
+-- ttl; one that vanished stops costing anything once it expired. A few expired
+-- entries of any name are removed.
+CREATE FUNCTION lease_watch(name text, watcher text, ttl interval) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    was  timestamptz;
+BEGIN
+    PERFORM pylease_check_key('name', lease_watch.name);
+    PERFORM pylease_check_key('watcher', lease_watch.watcher);
+    PERFORM pylease_check_ttl('ttl', lease_watch.ttl);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_watch');
+    END IF;
+    -- An entry lost in a crash is harmless (its watcher registers again when it
+    -- refreshes, and reads the status then): no flush.
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    SELECT w.expires_at INTO was FROM pylease_watchers AS w
+     WHERE w.name = lease_watch.name AND w.watcher = lease_watch.watcher;
+    INSERT INTO pylease_watchers AS w (name, watcher, expires_at)
+    VALUES (lease_watch.name, lease_watch.watcher, now_ + lease_watch.ttl)
+    ON CONFLICT ON CONSTRAINT pylease_watchers_pkey DO UPDATE SET expires_at = excluded.expires_at;
+    -- The lease row says it is watched, so that its changes call the trigger (a row made
+    -- later is marked by pylease_mark_watched).
+    UPDATE pylease_leases AS l SET watched = true
+     WHERE l.name = lease_watch.name AND NOT l.watched;
+    DELETE FROM pylease_watchers AS w
+     WHERE (w.name, w.watcher) IN (SELECT x.name, x.watcher FROM pylease_watchers AS x
+                                    WHERE x.expires_at <= now_
+                                    LIMIT 16 FOR UPDATE SKIP LOCKED);
+    RETURN was IS NULL OR was <= now_;
+END
+$$;
+
+-- Stop watching a lease name: true if this watcher watched it.
+CREATE FUNCTION lease_unwatch(name text, watcher text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM pylease_check_key('name', lease_unwatch.name);
+    PERFORM pylease_check_key('watcher', lease_unwatch.watcher);
+    IF pg_is_in_recovery() THEN
+        PERFORM pylease_refuse_standby('lease_unwatch');
+    END IF;
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    DELETE FROM pylease_watchers AS w
+     WHERE w.name = lease_unwatch.name AND w.watcher = lease_unwatch.watcher;
+    RETURN FOUND;
+END
+$$;
+
+-- Tell the watchers of a name that its holder changed: a grant (a new fence), a
+-- release, new data. NOTIFY pylease_holders with {"name", "fence", "holder", "event",
+-- "acquired_at", "expires_at", "ttl"} (event: granted, released or data; holder NULL
+-- when released; ttl in seconds): names, fences and times, never data. Called only for
+-- a row marked watched (lease_watch, pylease_mark_watched): an unwatched name's grants
+-- and releases call nothing: the trigger runs after the row (a BEFORE trigger would
+-- have every grant lock the old row version first) and its WHEN is checked without
+-- calling a function. A row whose watchers all expired is unmarked by its next change,
+-- without a NOTIFY.
+-- Notifications of one name come in the order of its changes (each is a commit that
+-- waited for the previous one's row lock).
+CREATE FUNCTION pylease_tell_watchers() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pylease_watchers AS w
+                    WHERE w.name = NEW.name AND w.expires_at > clock_timestamp()) THEN
+        UPDATE pylease_leases AS l SET watched = false WHERE l.name = NEW.name AND l.watched;
+    ELSE
+        PERFORM pg_notify('pylease_holders', json_build_object(
+            'name', NEW.name, 'fence', NEW.fence,
+            'holder', CASE WHEN NEW.released THEN NULL ELSE NEW.holder END,
+            'event', CASE WHEN NEW.released THEN 'released'
+                          WHEN TG_OP = 'INSERT' OR OLD.fence <> NEW.fence OR OLD.released
+                          THEN 'granted' ELSE 'data' END,
+            'acquired_at', NEW.acquired_at, 'expires_at', NEW.expires_at,
+            'ttl', extract(epoch FROM NEW.ttl))::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- A new row (a name's first grant, or a reader's row) is watched when somebody watches
+-- its name already: one probe of pylease_watchers' key, once per name.
+CREATE FUNCTION pylease_mark_watched() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    NEW.watched := EXISTS (SELECT FROM pylease_watchers AS w
+                            WHERE w.name = NEW.name AND w.expires_at > clock_timestamp());
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER pylease_leases_watched_mark BEFORE INSERT ON pylease_leases
+    FOR EACH ROW EXECUTE FUNCTION pylease_mark_watched();
+-- A first grant, once the row is in (a claim that lost the insert to another fires
+-- nothing); a reader's row (no holder) is no change of holder.
+CREATE TRIGGER pylease_leases_watched_insert AFTER INSERT ON pylease_leases
+    FOR EACH ROW WHEN (NEW.watched AND NEW.holder IS NOT NULL)
+    EXECUTE FUNCTION pylease_tell_watchers();
+-- Renewals never call it: they set none of these columns.
+CREATE TRIGGER pylease_leases_watched_update AFTER UPDATE OF fence, released, data
+    ON pylease_leases
+    FOR EACH ROW WHEN (NEW.watched AND (OLD.fence IS DISTINCT FROM NEW.fence
+                                       OR OLD.released IS DISTINCT FROM NEW.released
+                                       OR OLD.data IS DISTINCT FROM NEW.data))
+    EXECUTE FUNCTION pylease_tell_watchers();
+
+COMMENT ON FUNCTION lease_set_data(text, text, jsonb, bigint) IS
+    'pylease: replace the data of the tenure with this fence (NULL: any) of a lease this holder still holds; false once lost.';
+COMMENT ON FUNCTION lease_set_data(text, text, jsonb) IS
+    'pylease: replace the data of a lease this holder still holds; false once lost.';
+COMMENT ON FUNCTION lease_request_release(text, text) IS
+    'pylease: ask the holder of a held lease to step down; its keeper learns of it at its next renewal.';
+COMMENT ON FUNCTION lease_watch(text, text, interval) IS
+    'pylease: watch a lease name for changes of holder (NOTIFY pylease_holders), or refresh the watch, until now + ttl.';
+COMMENT ON FUNCTION lease_unwatch(text, text) IS
+    'pylease: stop watching a lease name.';
 
 -- Groups ----------------------------------------------------------------------
 
@@ -3109,5 +3381,12 @@ REVOKE EXECUTE ON FUNCTION pylease_assignment(text[], integer) FROM PUBLIC;
 
 REVOKE ALL ON TABLE pylease_shared FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_release_shared(text, text, bigint) FROM PUBLIC;
+
+-- Data, step-down requests, watchers. Stepping a leader down is an operator's:
+-- granted to the roles that may.
+REVOKE ALL ON TABLE pylease_watchers FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease_request_release(text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_tell_watchers() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_mark_watched() FROM PUBLIC;
 
 COMMIT;

@@ -35,6 +35,10 @@ SELECT w.name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.n
                           THEN max(l.expires_at, excluded.expires_at)
                           ELSE excluded.expires_at END,
        released    = 0,
+       -- A new tenure has no data and no step-down request; a continued one keeps its own.
+       data        = CASE WHEN l.holder = excluded.holder AND NOT l.released THEN l.data END,
+       release_requested_by = CASE WHEN l.holder = excluded.holder AND NOT l.released
+                                   THEN l.release_requested_by END,
        grants      = l.grants + CASE WHEN l.holder = excluded.holder AND NOT l.released
                                      THEN 0 ELSE 1 END,
        takeovers   = l.takeovers + CASE WHEN l.holder <> excluded.holder AND NOT l.released

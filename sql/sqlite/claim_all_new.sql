@@ -30,6 +30,9 @@ SELECT w.name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.n
        renewed_at  = excluded.renewed_at,
        expires_at  = excluded.expires_at,
        released    = 0,
+       -- A new tenure: no data, no step-down request.
+       data        = NULL,
+       release_requested_by = NULL,
        grants      = l.grants + 1,
        takeovers   = l.takeovers + CASE WHEN NOT l.released THEN 1 ELSE 0 END
  WHERE l.expires_at <= excluded.renewed_at

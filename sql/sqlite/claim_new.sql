@@ -8,12 +8,15 @@
 --   :name         TEXT, 1 to 200 characters
 --   :ttl_seconds  REAL, more than 0 and at most 31622400 (366 days)
 --   :holder       TEXT, 1 to 200 characters
+--   :data         TEXT (JSON) or NULL: the tenure's data, at most 8192 characters
 -- Result: one row (fence INTEGER) when granted; no row while anyone's unexpired
 -- lease stands, or unexpired readers of its epoch hold it (a busy claim writes
 -- nothing).
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
-INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants)
-SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
+INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants,
+                                 data)
+SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1,
+       json(:data)
   FROM clock, pylease_fence_floor AS f
  WHERE true
     ON CONFLICT (name) DO UPDATE
@@ -24,6 +27,9 @@ SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.no
        renewed_at  = excluded.renewed_at,
        expires_at  = excluded.expires_at,
        released    = 0,
+       -- A new tenure: its own data (NULL unless given), no step-down request.
+       data        = excluded.data,
+       release_requested_by = NULL,
        grants      = l.grants + 1,
        takeovers   = l.takeovers + CASE WHEN NOT l.released THEN 1 ELSE 0 END
  WHERE l.expires_at <= excluded.renewed_at

@@ -10,6 +10,7 @@
 --   :waiter       TEXT, who waits: the claim's holder will do
 --   :ttl_seconds  REAL, more than 0 and at most 31622400 (366 days)
 --   :holder       TEXT, 1 to 200 characters
+--   :data         TEXT (JSON) or NULL: the tenure's data, at most 8192 characters
 -- Result: as claim.sql.
 
 -- Expired entries of the name go, and the waiter's own when this claim is granted.
@@ -40,8 +41,10 @@ SELECT :name, :waiter, clock.now + 2.0
  WHERE pylease_waiters.expires_at < excluded.expires_at - 1.0;
 
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3))
-INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants)
-SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1
+INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at, expires_at, grants,
+                                 data)
+SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.now + :ttl_seconds, 1,
+       json(:data)
   FROM clock, pylease_fence_floor AS f
  WHERE true
     ON CONFLICT (name) DO UPDATE
@@ -56,6 +59,12 @@ SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.no
                           THEN max(l.expires_at, excluded.expires_at)
                           ELSE excluded.expires_at END,
        released    = 0,
+       -- A continued tenure keeps its data unless the claim gives some; a new one has
+       -- its own (NULL unless given) and no step-down request.
+       data        = CASE WHEN l.holder = excluded.holder AND NOT l.released
+                          THEN coalesce(excluded.data, l.data) ELSE excluded.data END,
+       release_requested_by = CASE WHEN l.holder = excluded.holder AND NOT l.released
+                                   THEN l.release_requested_by END,
        grants      = l.grants + CASE WHEN l.holder = excluded.holder AND NOT l.released
                                      THEN 0 ELSE 1 END,
        takeovers   = l.takeovers + CASE WHEN l.holder <> excluded.holder AND NOT l.released

@@ -27,7 +27,8 @@
 --             member's: its incarnation), as long as :names
 --   :slots    TEXT, a JSON array of slots (or null; a permit's), as long as :names
 -- Result: one row per element of :names, in order: (name TEXT, renewed INTEGER,
--- expires_at REAL, server_time REAL, unix seconds; both NULL when not renewed); a
+-- expires_at REAL, server_time REAL, unix seconds; both NULL when not renewed;
+-- release_requested_by TEXT, a renewed lease's step-down request, else NULL); a
 -- semaphore's expires_at is the earliest of its holder's slots.
 WITH clock(now) AS (SELECT round((julianday('now') - 2440587.5) * 86400.0, 3)),
 wanted(name, holder, ttl, fence) AS (
@@ -141,21 +142,21 @@ WITH wanted(i, kind, name, holder, fence, slot) AS (
       JOIN json_each(:fences) AS f ON f.key = n.key
       JOIN json_each(:slots) AS s ON s.key = n.key
 ),
-found(i, expires_at, server_time) AS (
-    SELECT w.i, l.expires_at, l.renewed_at
+found(i, expires_at, server_time, release_requested_by) AS (
+    SELECT w.i, l.expires_at, l.renewed_at, l.release_requested_by
       FROM wanted AS w
       JOIN pylease_leases AS l ON l.name = w.name AND l.holder = w.holder AND NOT l.released
                               AND (w.fence IS NULL OR l.fence = w.fence)
      WHERE w.kind = 'lease'
     UNION ALL
-    SELECT w.i, s.expires_at, s.renewed_at
+    SELECT w.i, s.expires_at, s.renewed_at, NULL
       FROM wanted AS w
       JOIN pylease_shared AS s ON s.name = w.name AND s.holder = w.holder
                               AND (w.fence IS NULL OR s.epoch = w.fence)
       JOIN pylease_leases AS l ON l.name = s.name AND l.fence = s.epoch
      WHERE w.kind = 'shared'
     UNION ALL
-    SELECT w.i, min(p.expires_at), max(p.renewed_at)
+    SELECT w.i, min(p.expires_at), max(p.renewed_at), NULL
       FROM wanted AS w
       JOIN pylease_permits AS p ON p.name = w.name AND p.holder = w.holder AND NOT p.released
      WHERE w.kind = 'permit'
@@ -166,13 +167,13 @@ found(i, expires_at, server_time) AS (
      GROUP BY w.i
     HAVING count(*) = min(p.permits) AND count(*) = max(p.permits)
     UNION ALL
-    SELECT w.i, m.expires_at, m.renewed_at
+    SELECT w.i, m.expires_at, m.renewed_at, NULL
       FROM wanted AS w
       JOIN pylease_members AS m ON m.grp = w.name AND m.member = w.holder
                                AND (w.fence IS NULL OR m.incarnation = w.fence)
      WHERE w.kind = 'member'
        AND m.expires_at > round((julianday('now') - 2440587.5) * 86400.0, 3)
 )
-SELECT w.name, f.i IS NOT NULL, f.expires_at, f.server_time
+SELECT w.name, f.i IS NOT NULL, f.expires_at, f.server_time, f.release_requested_by
   FROM wanted AS w LEFT JOIN found AS f ON f.i = w.i
  ORDER BY w.i;

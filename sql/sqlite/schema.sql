@@ -10,7 +10,9 @@
 -- above pylease_fence_floor, so the fence of a name can only grow. The counters
 -- are kept by claim.sql, steal.sql and release.sql. A name first claimed by a reader
 -- has a row without a holder, released; its fence is the floor (0 for a file that
--- never pruned): no writer was granted it.
+-- never pruned): no writer was granted it. data is the tenure's JSON text, replaced
+-- by every new grant (NULL unless it gives some); release_requested_by a step-down
+-- request (request_release.sql), until the tenure ends.
 CREATE TABLE pylease_leases (
     name        TEXT    NOT NULL PRIMARY KEY,
     holder      TEXT,
@@ -24,6 +26,8 @@ CREATE TABLE pylease_leases (
     takeovers   INTEGER NOT NULL DEFAULT 0,
     steals      INTEGER NOT NULL DEFAULT 0,
     releases    INTEGER NOT NULL DEFAULT 0,
+    data        TEXT,
+    release_requested_by TEXT,
     CHECK (holder IS NOT NULL OR released)
 ) STRICT;
 
@@ -412,4 +416,20 @@ BEGIN
     SELECT RAISE(ABORT, 'pylease: an incarnation never goes back') WHERE NEW.incarnation < OLD.incarnation;
     SELECT RAISE(ABORT, 'pylease: a member keeps its group and name')
      WHERE NEW.grp IS NOT OLD.grp OR NEW.member IS NOT OLD.member;
+END;
+
+-- Data on a lease ---------------------------------------------------------------
+
+CREATE TRIGGER pylease_leases_data_insert_check BEFORE INSERT ON pylease_leases
+WHEN NEW.data IS NOT NULL
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: data must be at most 8192 characters as JSON text')
+     WHERE length(NEW.data) > 8192;
+END;
+
+CREATE TRIGGER pylease_leases_data_update_check BEFORE UPDATE OF data ON pylease_leases
+WHEN NEW.data IS NOT NULL
+BEGIN
+    SELECT RAISE(ABORT, 'pylease: data must be at most 8192 characters as JSON text')
+     WHERE length(NEW.data) > 8192;
 END;

@@ -6,7 +6,7 @@
 --   :max_rows  INTEGER, or NULL for every matching name
 -- Result: rows (name TEXT, holder TEXT, fence INTEGER, acquired_at REAL,
 -- renewed_at REAL, expires_at REAL, held INTEGER 1 or 0, state TEXT, ttl REAL
--- seconds, shared INTEGER, grants INTEGER, takeovers INTEGER, steals INTEGER,
+-- seconds, shared INTEGER, data TEXT, release_requested_by TEXT, grants INTEGER, takeovers INTEGER, steals INTEGER,
 -- releases INTEGER, matching INTEGER), ordered by name; the columns of
 -- status.sql, then those of counters.sql, then the number of names that start
 -- with :prefix (also those after the :max_rows returned).
@@ -19,7 +19,11 @@ SELECT l.name, CASE WHEN r.n > 0 THEN NULL ELSE l.holder END AS holder, l.fence,
             WHEN l.expires_at > c.now THEN CASE WHEN l.released THEN 'resting' ELSE 'held' END
             WHEN l.released THEN 'released' ELSE 'expired' END AS state,
        CASE WHEN r.n > 0 THEN r.ttl ELSE l.ttl END AS ttl,
-       coalesce(r.n, 0) AS shared, l.grants, l.takeovers, l.steals, l.releases,
+       coalesce(r.n, 0) AS shared,
+       CASE WHEN r.n > 0 THEN NULL ELSE l.data END AS data,
+       CASE WHEN r.n > 0 OR l.released THEN NULL ELSE l.release_requested_by END
+           AS release_requested_by,
+       l.grants, l.takeovers, l.steals, l.releases,
        (SELECT count(*) FROM pylease_leases AS m
          WHERE substr(m.name, 1, length(:prefix)) = :prefix) AS matching
   FROM pylease_leases AS l

@@ -30,6 +30,9 @@ SELECT :name, :holder, f.floor + 1, :ttl_seconds, clock.now, clock.now, clock.no
                           THEN max(l.expires_at, excluded.expires_at)
                           ELSE excluded.expires_at END,
        released    = 0,
+       -- A new tenure: no data, no step-down request.
+       data        = NULL,
+       release_requested_by = NULL,
        grants      = l.grants + 1,
        takeovers   = l.takeovers + CASE WHEN NOT l.released AND l.expires_at <= excluded.renewed_at
                                         THEN 1 ELSE 0 END,

@@ -8,6 +8,7 @@ backend on a connection of its own.
 
 from __future__ import annotations
 
+import gc
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -224,11 +225,29 @@ async def test_on_a_schema_before_0015_members_are_renewed_beside_the_statement(
 ) -> None:
     """Before migration 0015 the keeper's statement knows no members: the keeper renews
     them by group_renew beside it (and says so once), and the leases still renew."""
-    undo = ROOT / "migrations" / "postgres" / "pylease-0015-groups-kept.rollback.sql"
-    await aconn.execute(undo.read_text(encoding="utf-8"))
+    # Back to 0014: 0015's rollback and those of every later migration, latest first.
+    later = sorted((ROOT / "migrations" / "postgres").glob("pylease-*.rollback.sql"))
+    for undo in reversed([u for u in later if u.name >= "pylease-0015"]):
+        await aconn.execute(undo.read_text(encoding="utf-8"))
     ttl = 1.5
     async with agroup(dsn, GRP, member="a", ttl=ttl) as m, alease(dsn, "beside", ttl=ttl) as held:
         await asleep(3 * ttl)
         assert not m.lost
         assert not held.lost
     assert "renews members of groups apart from leases" in caplog.text
+
+
+async def test_a_collected_group_block_leaves_the_group(db: Db, caplog: Any) -> None:
+    """A group entered without ``async with`` and then dropped can no longer be left by
+    anyone: the keeper stops renewing the member and leaves for it, long before its ttl."""
+    other = db.backend()
+    cm = agroup(db.url, GRP, member="dropped", ttl=HOUR)
+    await cm.acquire()
+    assert [r.member for r in other.group_members(GRP)] == ["dropped"]
+    del cm
+    gc.collect()
+    limit = monotonic() + BOUND
+    while other.group_members(GRP):
+        assert monotonic() < limit, f"the member was not left within {BOUND}s"
+        await asleep(0.05)
+    assert "abandoned" in caplog.text

@@ -1,7 +1,8 @@
 """The semaphore and multi-lock scenarios of the peers' own suites, as pylease runs them
 (issue 24: Consul's ``lock -n``, Curator's InterProcessSemaphoreV2 and
-InterProcessMultiLock, DistributedLock's semaphore) and the shared locks of pals and
-django-pglocks (issue 25), on both backends.
+InterProcessMultiLock, DistributedLock's semaphore), the shared locks of pals and
+django-pglocks (issue 25) and the lock data of cirello.io/pglock (issue 26), on both
+backends.
 
 Each test names the peer behaviour it stands for, and where pylease's answer differs
 from the peer's, the docstring says what pylease promises instead.
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -239,3 +241,93 @@ def test_a_stale_readers_epoch_is_rejected_after_a_writer_was_granted(dsn: str) 
             "SELECT lease_holds('catalog', %s, %s)", (reader.holder, epoch)
         ).fetchone()
         assert row == (False,)
+
+
+# Lock data: the data scenarios of cirello.io/pglock's suite (issue 26), whose locks keep
+# a byte payload on their row.
+
+
+def test_pglock_a_lock_acquired_with_data_shows_it(url: str) -> None:
+    """pglock ``Acquire(name, WithData(...))`` then ``Get(name).Data()``."""
+    with lease(url, "pglock-data", ttl=LONG, data={"owner": "a", "n": 1}):
+        [row] = pylease.status(url, "pglock-data")
+        assert row.data == {"owner": "a", "n": 1}
+
+
+def test_pglock_the_holder_updates_its_data_while_holding(url: str) -> None:
+    """pglock's heartbeat-kept lock whose data the holder replaces; pylease's
+    ``held.set_data`` is holder-matched: a lease no longer ours is not written."""
+    with lease(url, "pglock-data", ttl=LONG, data="first") as held:
+        held.set_data("second")
+        assert pylease.status(url, "pglock-data")[0].data == "second"
+
+
+def test_pglock_a_busy_acquire_reads_the_holders_data(url: str) -> None:
+    """pglock ``Acquire`` fails with ErrNotAcquired and ``Get`` tells the holder's data;
+    pylease's LeaseBusy carries it."""
+    with other_party(url) as other:
+        assert other.claim("pglock-data", span(LONG), "elsewhere", {"node": 7}) == 1
+        with pytest.raises(LeaseBusy) as busy, lease(url, "pglock-data", ttl=LONG):
+            pass
+        assert (busy.value.holder, busy.value.data) == ("elsewhere", {"node": 7})
+
+
+def test_pglock_a_new_acquire_replaces_the_data(url: str) -> None:
+    """pglock ``WithReplaceData``: the next holder's data replaces the last one's; in
+    pylease that is every grant's rule, and a grant without data leaves none."""
+    with lease(url, "pglock-data", ttl=LONG, data="old"):
+        pass
+    with lease(url, "pglock-data", ttl=LONG, data="new"):
+        assert pylease.status(url, "pglock-data")[0].data == "new"
+    with lease(url, "pglock-data", ttl=LONG):
+        assert pylease.status(url, "pglock-data")[0].data is None
+
+
+def test_pglock_keep_on_release_shows_the_last_data_until_the_next_grant(url: str) -> None:
+    """pglock ``WithKeepOnRelease``: the row and its data outlive the release. pylease
+    keeps every released row: its last holder and data show until the next grant."""
+    with lease(url, "pglock-data", ttl=LONG, data={"done": True}):
+        pass
+    [row] = pylease.status(url, "pglock-data")
+    assert (row.state, row.data) == ("released", {"done": True})
+
+
+def test_pglock_get_all_locks_lists_their_data(url: str) -> None:
+    """pglock ``GetAllLocks``: every lock with its data; pylease's ``status()`` (every
+    name) and ``lease_holders`` (every current holder)."""
+    with (
+        lease(url, "pglock-a", ttl=LONG, data=1),
+        lease(url, "pglock-b", ttl=LONG, data=[2]),
+    ):
+        assert [(r.name, r.data) for r in pylease.status(url)] == [
+            ("pglock-a", 1),
+            ("pglock-b", [2]),
+        ]
+
+
+def other_party(url: str) -> Any:
+    """A backend of the other party on a connection of its own (either database)."""
+    import contextlib
+
+    from pylease.postgres import PostgresBackend
+    from pylease.sqlite import SqliteBackend, connect
+
+    @contextlib.contextmanager
+    def opened() -> Any:
+        if url.startswith("sqlite:"):
+            conn = connect(url.removeprefix("sqlite:///"))
+            try:
+                yield SqliteBackend(conn)
+            finally:
+                conn.close()
+        else:
+            with psycopg.connect(url, autocommit=True) as pconn:
+                yield PostgresBackend(pconn)
+
+    return opened()
+
+
+def span(seconds: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)

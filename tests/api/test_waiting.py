@@ -118,7 +118,7 @@ def test_a_waiters_busy_claim_commits_without_a_wal_flush_even_after_meeting_the
     claim(conn, "job", ttl="60s")
     cur = conn.execute("SELECT lease_release('job', 'other')")
     assert cur.fetchone() == (True,)
-    params = ("job", timedelta(seconds=60), "waiter")
+    params = ("job", timedelta(seconds=60), "waiter", None)
     conn2.set_autocommit(False)
     conn2.execute("SELECT lease_claim('job', '60s', 'winner')")  # granted, not committed
     seen: list[Any] = []

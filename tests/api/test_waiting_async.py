@@ -118,7 +118,7 @@ async def test_a_waiters_busy_claim_commits_without_a_wal_flush_even_after_meeti
     await aclaim(aconn, "job", ttl="60s")
     cur = await aconn.execute("SELECT lease_release('job', 'other')")
     assert await cur.fetchone() == (True,)
-    params = ("job", timedelta(seconds=60), "waiter")
+    params = ("job", timedelta(seconds=60), "waiter", None)
     await aconn2.set_autocommit(False)
     await aconn2.execute("SELECT lease_claim('job', '60s', 'winner')")  # granted, not committed
     seen: list[Any] = []

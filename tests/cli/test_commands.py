@@ -201,6 +201,7 @@ def test_status_json(url: str) -> None:
     keys = [
         *("name", "holder", "fence", "held", "acquired_at", "renewed_at", "expires_at"),
         *("state", "ttl", "shared", "kind"),  # added later at the end
+        *("data", "release_requested_by"),
     ]
     assert all(list(r) == keys for r in rows)
     assert {r["kind"] for r in rows} == {"lease"}

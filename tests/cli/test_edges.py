@@ -152,6 +152,21 @@ def test_not_installed_names_the_search_path_and_where_it_is(empty_dsn: str) -> 
     assert "installed in schema leases" in wrong.stderr
 
 
+def test_an_older_schema_is_told_to_upgrade_though_lease_claim_has_two_signatures(
+    empty_dsn: str,
+) -> None:
+    """With the 4-argument lease_claim (migration 0016) a bare ``to_regproc('lease_claim')``
+    finds nothing: the diagnosis names the signature, so a schema that lacks a later
+    function is still told it is older, not that pylease is missing."""
+    ok("migrate", "--dsn", empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION lease_holders(text)")
+    result = cli("holders", "--dsn", empty_dsn)
+    assert result.exit_code == 3, result.output
+    assert "the pylease schema in public is older than this pylease" in result.stderr
+    assert "run `pylease migrate --dsn ...` to upgrade it" in result.stderr
+
+
 def test_schema_on_sqlite_is_refused(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'x.sqlite3'}"
     result = cli("status", "--schema", "leases", "--dsn", url)

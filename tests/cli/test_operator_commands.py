@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pylease._operations import PageRow
+from pylease._rows import PageRow
 from pylease.cli import _metrics as metrics_mod
 from pylease.cli import _render
 from pylease.errors import DatabaseUnavailable
@@ -227,7 +227,9 @@ def page_row(name: str, held: bool, fence: int, counted: tuple[int, int, int, in
         since, until = (now - timedelta(hours=1), now - timedelta(seconds=5))
     state = "held" if held else "expired"
     return PageRow(
-        *(name, "h", fence, since, now, until, held, state, timedelta(minutes=1), 0), *counted, 2
+        *(name, "h", fence, since, now, until, held, state, timedelta(minutes=1), 0, None, None),
+        *counted,
+        2,
     )
 
 

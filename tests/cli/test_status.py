@@ -11,7 +11,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-from pylease._operations import LeaseRow
+from pylease._rows import LeaseRow
 from pylease.cli import _render
 from tests.support.cli import cli, ok
 
@@ -98,7 +98,7 @@ def test_status_prefix_lists_the_names_that_start_with_it(url: str) -> None:
     assert [r["name"] for r in rows] == ["report_a", "report_b"]  # `_` is no wildcard
     assert set(rows[0]) == {
         *("name", "holder", "fence", "held", "acquired_at", "renewed_at", "expires_at"),
-        *("state", "ttl", "shared", "kind"),
+        *("state", "ttl", "shared", "kind", "data", "release_requested_by"),
     }
     lines = ok("status", "--prefix", "report", "--dsn", url).stdout.splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["report_a", "report_b", "reportxc"]

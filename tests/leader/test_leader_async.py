@@ -37,7 +37,7 @@ from pylease import (
 from pylease import _hub_async as hub
 from pylease import _standby_async as standby_module
 from pylease._acompat import AEvent, asleep, ato_thread
-from pylease._operations import LeaseRow
+from pylease._rows import LeaseRow
 from tests.support.leader_witness import Election, campaign_rounds, check_witness
 from tests.support.leases import AConn, ajoin_workers, asleep_until, astart_worker, await_until
 
@@ -331,7 +331,11 @@ async def test_work_that_returns_ends_its_term_and_the_next_term_is_larger(dsn: 
     assert fences == sorted(set(fences)) and len(fences) == 3
     expected: list[tuple[str, int | None]] = []
     for fence in fences:
-        expected += [("new", fence), ("started", fence), ("work", fence), ("stopped", fence)]
+        # Each resignation is a change of leader too (nobody leads), told once the term
+        # ended (contract 5.4: every change, none skipped).
+        expected += [
+            ("new", fence), ("started", fence), ("work", fence), ("stopped", fence), ("new", None)
+        ]  # fmt: skip
     assert rec.calls == expected
     assert await acurrent_leader(dsn, "scheduler") is None  # stop resigned
 
@@ -385,10 +389,11 @@ if True:  # ASYNC
         assert rec.calls[:4] == [("new", 1), ("started", 1), ("work", 1), ("stopped", 1)]
         # Then the operator's term (fence 2) and the vacancy after its second ran out,
         # each seen if the candidate looked while it lasted (changes between two looks
-        # may be coalesced), and this candidate's next term.
-        seen = rec.calls[4:-4]
+        # may be coalesced), this candidate's next term, and its resignation.
+        seen = rec.calls[4:-5]
         assert seen in ([], [("new", 2)], [("new", None)], [("new", 2), ("new", None)]), seen
-        assert rec.calls[-4:] == [("new", 3), ("started", 3), ("work", 3), ("stopped", 3)]
+        assert rec.calls[-5:-1] == [("new", 3), ("started", 3), ("work", 3), ("stopped", 3)]
+        assert rec.calls[-1] == ("new", None)  # its resignation
 
     async def test_stop_cancels_work_and_resigns(dsn: str) -> None:
         rec = Recorder()
@@ -443,12 +448,14 @@ else:  # sync: as is
             on_new_leader=rec.new, on_started_leading=rec.started, on_stopped_leading=rec.stopped,
         )  # fmt: skip
         assert rec.calls[:4] == [("new", 1), ("started", 1), ("work", 1), ("stopped", 1)]
-        # Then the operator's term (fence 2) and the vacancy after its second ran out,
-        # each seen if the candidate looked while it lasted (changes between two looks
-        # may be coalesced), and this candidate's next term.
-        seen = rec.calls[4:-4]
-        assert seen in ([], [("new", 2)], [("new", None)], [("new", 2), ("new", None)]), seen
-        assert rec.calls[-4:] == [("new", 3), ("started", 3), ("work", 3), ("stopped", 3)]
+        # Then the operator's term (fence 2: a steal is a change too, never skipped),
+        # the vacancy after its second ran out if the candidate looked while it lasted
+        # (an expiry sends nothing), and this candidate's next term, then its resignation.
+        seen = rec.calls[4:-5]
+        assert seen in ([("new", 2)], [("new", 2), ("new", None)]), seen
+        assert rec.calls[-5:] == [
+            ("new", 3), ("started", 3), ("work", 3), ("stopped", 3), ("new", None)
+        ]  # fmt: skip
 
     def test_sigint_during_work_resigns_and_raises_keyboard_interrupt(dsn: str) -> None:
         def work(term: Held) -> None:

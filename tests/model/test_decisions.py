@@ -175,6 +175,9 @@ def run(backend: Backend, name: str, operation: str) -> Any:
         if verb == "holds":
             assert number is not None
             return backend.holds(name, "me", int(number))
+        if verb == "request_release":
+            # An operator's step-down request (migration 0016), made by "me".
+            return backend.request_release(name, "me")
     except FenceExhausted:
         return "54000"
     raise AssertionError(f"no such operation in the table: {operation}")

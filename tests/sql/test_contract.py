@@ -117,7 +117,8 @@ SIGNATURES = {
         "name text DEFAULT NULL::text",
         "TABLE(name text, holder text, fence bigint, acquired_at timestamp with time zone,"
         " renewed_at timestamp with time zone, expires_at timestamp with time zone,"
-        " held boolean, state text, ttl interval, shared integer)",
+        " held boolean, state text, ttl interval, shared integer, data jsonb,"
+        " release_requested_by text)",
     ),
     "lease_counters": (
         "name text DEFAULT NULL::text",
@@ -154,6 +155,12 @@ SIGNATURES = {
         " acquired_at timestamp with time zone, renewed_at timestamp with time zone,"
         " expires_at timestamp with time zone)",
     ),
+    # 0016: data on a lease, leaders that step down when asked (contract 5.4).
+    "lease_set_data": ("name text, holder text, data jsonb", "boolean"),
+    "lease_request_release": ("name text, requested_by text", "boolean"),
+    # Internal to the watchers of a name (not in the contract).
+    "lease_watch": ("name text, watcher text, ttl interval", "boolean"),
+    "lease_unwatch": ("name text, watcher text", "boolean"),
 }
 PERMIT_SIGNATURES = {
     "permit_claim": (
@@ -214,6 +221,10 @@ OVERLOADS = {
         "names text[], holder text, fences bigint[]",
         "TABLE(name text, released boolean)",
     ),
+    # 0016: a claim with data (contract 5.4), of a new tenure too; data set in one tenure.
+    "lease_claim": ("name text, ttl interval, holder text, data jsonb", "bigint"),
+    "lease_claim_new": ("name text, ttl interval, holder text, data jsonb", "bigint"),
+    "lease_set_data": ("name text, holder text, data jsonb, fence bigint", "boolean"),
 }
 
 
@@ -646,12 +657,12 @@ def test_status_lists_every_name_ever_claimed(conn: Conn) -> None:
 def test_status_of_one_name(conn: Conn) -> None:
     claim(conn, "a", HOUR, "alice")
     claim(conn, "b", HOUR, "bob")
-    [(name, holder, fence, acquired, renewed, expires, held, state, ttl, shared)] = conn.execute(
-        "SELECT * FROM lease_status(name => %s)", ("b",)
-    ).fetchall()
+    [(name, holder, fence, acquired, renewed, expires, held, state, ttl, shared, data, asked)] = (
+        conn.execute("SELECT * FROM lease_status(name => %s)", ("b",)).fetchall()
+    )
     r = row(conn, "b")
     assert (name, holder, fence, held, state, ttl) == ("b", "bob", 1, True, "held", HOUR)
-    assert shared == 0
+    assert (shared, data, asked) == (0, None, None)
     assert (acquired, renewed, expires) == (r["acquired_at"], r["renewed_at"], r["expires_at"])
     assert status(conn, "unknown") == []
 
@@ -671,6 +682,8 @@ def test_status_columns(conn: Conn) -> None:
         "state",
         "ttl",
         "shared",
+        "data",
+        "release_requested_by",
     ]
 
 

@@ -39,6 +39,9 @@ IDS = [
     "pylease-0013-shared",
     "pylease-0014-fenced-releases",
     "pylease-0015-groups-kept",
+    "pylease-0016-data",
+    "pylease-0017-permit-claim",
+    "pylease-0018-renew-held",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
@@ -181,6 +184,7 @@ def test_migrate_into_a_schema_pins_its_search_path(dsn: str, schema: str) -> No
         "pylease_permits",
         "pylease_shared",
         "pylease_waiters",
+        "pylease_watchers",
     ]
     # Independent of the copy in public that the test database already has.
     assert claims(dsn, schema) == 1

@@ -186,7 +186,8 @@ def test_a_claim_is_the_one_body_inlined_into_the_callers_statement(
     assert plan is not None
     output = plan[0][0]["Plan"]["Output"]
     assert output == [
-        f"pylease_claim('job'::text, '01:00:00'::interval, 'h'::text, {str(new_tenure).lower()})"
+        f"pylease_claim('job'::text, '01:00:00'::interval, 'h'::text, {str(new_tenure).lower()},"
+        " NULL::jsonb)"
     ]
     conn.execute("SET track_functions = 'pl'")
     assert one(conn, f"SELECT {claim}('job', '1 hour', 'h')") == 1  # type: ignore[arg-type]
@@ -195,3 +196,32 @@ def test_a_claim_is_the_one_body_inlined_into_the_callers_statement(
         " WHERE funcname IN ('lease_claim', 'lease_claim_new', 'pylease_claim')"
     ).fetchall()
     assert calls == [("pylease_claim", 1)]
+
+
+def test_the_keepers_renewal_answers_every_element_in_its_place(conn: Conn) -> None:
+    """Each element's answer is at its own position, a lease named twice too, among
+    elements of other kinds and leases that are not renewed."""
+    a = one(conn, "SELECT lease_claim('a', %s, 'h')", (HOUR,))
+    b = one(conn, "SELECT lease_claim('b', %s, 'h')", (HOUR,))
+    one(conn, "SELECT group_join('g', 'h', %s)", (HOUR,))
+    rows = conn.execute(
+        HELD,
+        (
+            ["lease", "member", "lease", "lease", "lease", "lease"],
+            ["b", "g", "a", "b", "other", "a"],
+            ["h", "h", "h", "h", "h", "someone"],
+            [HOUR, HOUR, DAY, None, HOUR, HOUR],
+            [b, None, a, None, None, None],
+            None,
+        ),
+    ).fetchall()
+    assert rows == [
+        ("b", True),
+        ("g", True),
+        ("a", True),
+        ("b", True),
+        ("other", False),
+        ("a", False),
+    ]
+    # The longest ttl a lease was named with is its ttl now.
+    assert one(conn, "SELECT ttl FROM lease_status('a')") == DAY

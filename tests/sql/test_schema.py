@@ -38,6 +38,9 @@ MIGRATIONS = [
     "pylease-0013-shared",
     "pylease-0014-fenced-releases",
     "pylease-0015-groups-kept",
+    "pylease-0016-data",
+    "pylease-0017-permit-claim",
+    "pylease-0018-renew-held",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -75,6 +78,10 @@ FUNCTIONS = (
     "group_status",
     "lease_claim_shared",
     "lease_holders",
+    "lease_set_data",
+    "lease_request_release",
+    "lease_watch",
+    "lease_unwatch",
     # Internal (not in the contract), called by the keeper as the application's role,
     # or by the SQL functions below (inlined into the caller's statement, so run as the
     # caller): SECURITY DEFINER and executable by PUBLIC, as the functions of the contract.
@@ -89,6 +96,9 @@ FUNCTIONS = (
 WRAPPERS = {
     ("lease_claim", "name text, ttl interval, holder text"),
     ("lease_claim_new", "name text, ttl interval, holder text"),
+    ("lease_claim", "name text, ttl interval, holder text, data jsonb"),
+    ("lease_claim_new", "name text, ttl interval, holder text, data jsonb"),
+    ("lease_set_data", "name text, holder text, data jsonb"),
     ("lease_renew", "name text, holder text, ttl interval"),
     ("lease_renew_many", "names text[], holders text[], ttl interval"),
     ("permit_claim", "name text, max_permits integer, ttl interval, holder text, permits integer"),
@@ -121,6 +131,8 @@ HELPERS = (
     "pylease_check_data",
     "pylease_assignment",
     "pylease_release_shared",
+    "pylease_tell_watchers",
+    "pylease_mark_watched",
 )
 # The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
 WAITING_CLAIMS = (
@@ -250,8 +262,10 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_waiters_name_id",
         "pylease_waiters_name_waiter_key",
         "pylease_waiters_pkey",
+        "pylease_watchers",
+        "pylease_watchers_pkey",
     ]
-    assert len(expected["constraints"]) == 29
+    assert len(expected["constraints"]) == 32
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
@@ -321,6 +335,7 @@ def test_public_may_execute_every_function_but_the_operators_and_the_helpers(con
         "lease_prune",
         "permit_set_max",
         "permit_revoke",
+        "lease_request_release",
     }
 
 

@@ -76,6 +76,7 @@ SQLITE_MIGRATIONS = [
     "pylease-0005-prune",
     "pylease-0006-groups",
     "pylease-0007-shared",
+    "pylease-0008-data",
 ]
 
 
@@ -506,8 +507,8 @@ def test_sql_files_work_from_plain_sqlite3(db: Path) -> None:
         conn.execute("COMMIT")
         return rows
 
-    assert run("claim", name="job", ttl_seconds=30, holder="a") == [(1,)]
-    assert run("claim", name="job", ttl_seconds=30, holder="b") == []
+    assert run("claim", name="job", ttl_seconds=30, holder="a", data=None) == [(1,)]
+    assert run("claim", name="job", ttl_seconds=30, holder="b", data=None) == []
     assert run("holds", name="job", holder="a", fence=1) == [(1,)]
     [(fence, _expires)] = run("renew", name="job", holder="a", ttl_seconds=None)
     assert fence == 1
@@ -526,23 +527,23 @@ def test_sql_files_work_from_plain_sqlite3(db: Path) -> None:
     assert run("holds", name="other", holder="d", fence=1) == [(1,)]
     # The table refuses bad rows from any language, with pylease's messages.
     with pytest.raises(sqlite3.IntegrityError, match="pylease: ttl must be positive"):
-        run("claim", name="new", ttl_seconds=0, holder="a")
+        run("claim", name="new", ttl_seconds=0, holder="a", data=None)
     conn.execute("ROLLBACK")
     with pytest.raises(sqlite3.IntegrityError, match="pylease: name must not be empty"):
-        run("claim", name="", ttl_seconds=1, holder="a")
+        run("claim", name="", ttl_seconds=1, holder="a", data=None)
     conn.execute("ROLLBACK")
     assert run("status", name="new") == []
     # A deleted row (as prune.sql deletes) leaves its fence behind as the floor: the
     # name's next first grant starts above it, from any language.
     conn.execute("DELETE FROM pylease_leases")
-    assert run("claim", name="job", ttl_seconds=30, holder="e") == [(3,)]
+    assert run("claim", name="job", ttl_seconds=30, holder="e", data=None) == [(3,)]
     # A reader (its epoch: the floor, above which no writer was granted it), and a
     # writer kept out by it that waits in SQLite's queue of its own.
     assert run("claim_shared", name="read", ttl_seconds=30, holder="r") == [(2,)]
     with pytest.raises(sqlite3.IntegrityError, match="pylease: holder must not be empty"):
         run("claim_shared", name="read", ttl_seconds=30, holder="")
     conn.execute("ROLLBACK")
-    queued = {"name": "read", "waiter": "w", "ttl_seconds": 30, "holder": "w"}
+    queued = {"name": "read", "waiter": "w", "ttl_seconds": 30, "holder": "w", "data": None}
     assert run("claim_queued", **queued) == []
     assert run("claim_shared", name="read", ttl_seconds=30, holder="r2") == []
     assert [row[:5] for row in run("holders", name="read")] == [("read", "r", "shared", None, 2)]
