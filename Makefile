@@ -32,10 +32,17 @@ generate-check: venv
 typecheck: venv
 	$(BIN)/mypy --strict pylease
 
+# pytest runs in parallel workers (pytest-xdist): the suite mostly waits (on the server,
+# on the processes it starts, on timers), so more workers than cores pay. Each test has
+# its own databases, ports and files; a module whose fixture is a whole cluster or server
+# is one xdist_group, run by one worker (--dist loadgroup). PYTEST_WORKERS=0 runs in this
+# process, e.g. `make pytest PYTEST_WORKERS=0 PYTEST_ARGS='tests/api -x --pdb'`.
+PYTEST_WORKERS ?= 6
+
 # pytest exits 5 when it collected no test: a run that tested nothing is a failure here,
 # never a silent pass (a broken conftest or testpaths must not look green).
 pytest: venv
-	@rc=0; $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests (exit 5)" >&2; exit 1; fi; \
 	exit $$rc
 
@@ -66,7 +73,10 @@ soak: venv
 	PYLEASE_SOAK_GRANTS=$(SOAK_GRANTS) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 		tests/soak
 
-test: deps model-check lint typecheck docs pytest
+# pytest in the foreground, model-check, lint, typecheck and docs beside it, each
+# check's output after pytest's, then a line per check (scripts/test-all.sh).
+test: deps venv
+	@MAKE='$(MAKE)' scripts/test-all.sh
 
 # `make demo`: two runs of one lease at once on the embedded SQLite default (no
 # configuration): one runs its command, the other finds the lease busy and skips.

@@ -42,7 +42,10 @@ def test_each_database_gets_its_own_statement_per_tick(fresh_db: Any, pg_templat
             track_functions(admin)
         with ExitStack() as stack:
             helds = [
-                stack.enter_context(lease(d, f"job-{i}", ttl=0.6)) for d in dsns for i in range(50)
+                # A ttl that a loaded machine entering 100 leases cannot outrun.
+                stack.enter_context(lease(d, f"job-{i}", ttl=3.0))
+                for d in dsns
+                for i in range(50)
             ]
             assert wait_until(lambda: all(h._ticket.renewals >= 2 for h in helds))
         ticks = max(h._ticket.renewals for h in helds)

@@ -63,7 +63,9 @@ def hammer(
     from pylease import LeaseBusy, permit
     from pylease.errors import DatabaseUnavailable, LeaseLost
 
-    faults: tuple[type[Exception], ...] = (LeaseBusy,)
+    # A holder starved past its ttl (a loaded machine) is told of the loss: in the
+    # contract, and what it believed meanwhile is in the witness, which is checked.
+    faults: tuple[type[Exception], ...] = (LeaseBusy, LeaseLost)
     if holding is not None:
         faults = (LeaseBusy, LeaseLost, DatabaseUnavailable)
     rnd = random.Random(seed)

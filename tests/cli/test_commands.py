@@ -19,7 +19,7 @@ from psycopg.conninfo import make_conninfo
 
 from pylease import __version__, durations
 from pylease import dsn as dsn_mod
-from tests.support.cli import cli, ok
+from tests.support.cli import cli, ok, ok_in_a_process
 
 # Durations ---------------------------------------------------------------------
 
@@ -249,7 +249,7 @@ def test_claim_wait_wakes_on_a_release(url: str) -> None:
 
     def give_back() -> None:
         time.sleep(0.5)
-        ok("release", "sweep", "--holder", "a", "--dsn", url)
+        ok_in_a_process("release", "sweep", "--holder", "a", "--dsn", url)
 
     releaser = threading.Thread(target=give_back)
     releaser.start()

@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pylease import dsn as dsn_mod
 from pylease.errors import DatabaseUnavailable
-from tests.support.cli import cli, ok
+from tests.support.cli import cli, ok, ok_in_a_process
 
 
 def files_under(path: Path) -> list[Path]:
@@ -302,7 +302,7 @@ def test_claim_wait_forever(url: str) -> None:
 
     def give_back() -> None:
         time.sleep(1.0)
-        ok("release", "job", "--holder", "a", "--dsn", url)
+        ok_in_a_process("release", "job", "--holder", "a", "--dsn", url)
 
     releaser = threading.Thread(target=give_back)
     releaser.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pylease.cli import _metrics as metrics_mod
 from pylease.cli import _render
 from pylease.errors import DatabaseUnavailable
 from tests.support.cli import cli, ok
+from tests.support.pgserver import free_port
 
 
 def takeover_and_steal(url: str) -> None:
@@ -167,13 +167,6 @@ def test_metrics_needs_one_of_listen_and_once(url: str) -> None:
     assert cli("metrics", "--dsn", url).exit_code == 2
     assert cli("metrics", "--once", "--listen", "127.0.0.1:0", "--dsn", url).exit_code == 2
     assert cli("metrics", "--listen", "nonsense", "--dsn", url).exit_code == 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_metrics_listen_is_scraped_over_http(url: str) -> None:

@@ -20,6 +20,16 @@ from psycopg.conninfo import make_conninfo
 
 from pylease import dsn as dsn_mod
 
+# The lease of a test about exit codes, signals or the child's environment: longer
+# than any stall of a loaded machine, so that it is never lost on the way (a lost
+# lease changes the exit code to 75).
+TTL = "1m"
+# The lease of a test of a loss: short, so the test is quick, yet long enough that the
+# child, sent SIGTERM at the loss, ends before the lease's expiry (then SIGKILL, and a
+# line of its own) on a loaded machine: the keeper renews every ttl / 3 and reports a
+# loss ttl / 6 before the expiry.
+LOSS_TTL = "15s"
+
 CHILD = r"""
 import json, os, signal, sys, time
 from tests.support.cli import NO_DSN, cli, ok
@@ -135,22 +145,22 @@ def status(url: str, name: str) -> dict[str, object]:
 def test_exit_code_passes_through_and_the_lease_is_released(
     url: str, child: list[str], out: Path
 ) -> None:
-    result = pylease("run", "job", "--ttl", "1s", "--dsn", url, "--", *child, "exit", str(out), "7")
+    result = pylease("run", "job", "--ttl", TTL, "--dsn", url, "--", *child, "exit", str(out), "7")
     assert result.returncode == 7, result.stderr
     assert result.stderr == ""
     assert status(url, "job")["held"] is False
-    assert pylease("run", "job", "--ttl", "1s", "--dsn", url, "--", "true").returncode == 0
+    assert pylease("run", "job", "--ttl", TTL, "--dsn", url, "--", "true").returncode == 0
 
 
 def test_command_not_found_is_127_and_not_executable_is_126(url: str, tmp_path: Path) -> None:
-    result = pylease("run", "job", "--ttl", "1s", "--dsn", url, "--", "no-such-command-xyz")
+    result = pylease("run", "job", "--ttl", TTL, "--dsn", url, "--", "no-such-command-xyz")
     assert result.returncode == 127
     assert result.stderr == "pylease: no-such-command-xyz: command not found\n"
     assert status(url, "job")["held"] is False
 
     plain = tmp_path / "not-executable.sh"
     plain.write_text("#!/bin/sh\nexit 0\n")
-    result = pylease("run", "job", "--ttl", "1s", "--dsn", url, "--", str(plain))
+    result = pylease("run", "job", "--ttl", TTL, "--dsn", url, "--", str(plain))
     assert result.returncode == 126
     assert "permission denied" in result.stderr
 
@@ -158,14 +168,14 @@ def test_command_not_found_is_127_and_not_executable_is_126(url: str, tmp_path: 
 def test_a_signal_death_is_128_plus_n(url: str) -> None:
     kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     result = pylease(
-        "run", "job", "--ttl", "1s", "--dsn", url, "--", sys.executable, "-c", kill_self
+        "run", "job", "--ttl", TTL, "--dsn", url, "--", sys.executable, "-c", kill_self
     )
     assert result.returncode == 128 + signal.SIGKILL
 
 
 def test_the_child_sees_the_lease(url: str, child: list[str], out: Path) -> None:
     result = pylease(
-        "run", "env-job", "--ttl", "1s", "--holder", "cron@web1", "--dsn", url, "--",
+        "run", "env-job", "--ttl", TTL, "--holder", "cron@web1", "--dsn", url, "--",
         *child, "env", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -199,7 +209,7 @@ def test_a_reader_sees_its_epoch_never_a_fence(url: str, child: list[str], out: 
 
 def test_the_child_sees_the_embedded_default(tmp_path: Path, child: list[str], out: Path) -> None:
     env = {"XDG_STATE_HOME": str(tmp_path / "state")}
-    result = pylease("run", "local", "--ttl", "1s", "--", *child, "env", str(out), env=env)
+    result = pylease("run", "local", "--ttl", TTL, "--", *child, "env", str(out), env=env)
     assert result.returncode == 0, result.stderr
     seen = json.loads(out.read_text())
     assert seen["PYLEASE_DSN"].startswith("sqlite:")
@@ -240,16 +250,16 @@ def test_wait_runs_once_the_holder_is_gone(url: str, tmp_path: Path) -> None:
     assert held.returncode == 0, held.stderr
     marker = tmp_path / "ran"
     result = pylease(
-        "run", "job", "--ttl", "1s", "--wait", "30s", "--dsn", url, "--", "touch", str(marker)
+        "run", "job", "--ttl", TTL, "--wait", "30s", "--dsn", url, "--", "touch", str(marker)
     )
     assert result.returncode == 0, result.stderr
     assert marker.exists()
 
 
 def test_min_hold_allows_one_run_per_period(url: str) -> None:
-    first = pylease("run", "daily", "--ttl", "1s", "--min-hold", "1h", "--dsn", url, "--", "true")
+    first = pylease("run", "daily", "--ttl", TTL, "--min-hold", "1h", "--dsn", url, "--", "true")
     assert first.returncode == 0, first.stderr
-    second = pylease("run", "daily", "--ttl", "1s", "--busy-exit", "9", "--dsn", url, "--", "true")
+    second = pylease("run", "daily", "--ttl", TTL, "--busy-exit", "9", "--dsn", url, "--", "true")
     assert second.returncode == 9
 
 
@@ -260,7 +270,7 @@ def test_min_hold_allows_one_run_per_period(url: str) -> None:
 def test_signals_are_forwarded(
     url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]], signum: int
 ) -> None:
-    proc = start(started, "run", "job", "--ttl", "1s", "--dsn", url, "--", *child, "trap", str(out))
+    proc = start(started, "run", "job", "--ttl", TTL, "--dsn", url, "--", *child, "trap", str(out))
     wait_for(out, "ready", proc)
     proc.send_signal(signum)
     code, err = finish(proc)
@@ -272,7 +282,7 @@ def test_signals_are_forwarded(
 def test_a_child_killed_by_a_forwarded_sigterm_gives_143(
     url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
 ) -> None:
-    proc = start(started, "run", "job", "--ttl", "1s", "--dsn", url, "--", *child, "wait", str(out))
+    proc = start(started, "run", "job", "--ttl", TTL, "--dsn", url, "--", *child, "wait", str(out))
     wait_for(out, "ready", proc)
     proc.terminate()
     code, err = finish(proc)
@@ -283,7 +293,9 @@ def test_a_child_killed_by_a_forwarded_sigterm_gives_143(
 def test_a_stolen_lease_stops_the_child_and_exits_75(
     url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
 ) -> None:
-    proc = start(started, "run", "job", "--ttl", "1s", "--dsn", url, "--", *child, "trap", str(out))
+    proc = start(
+        started, "run", "job", "--ttl", LOSS_TTL, "--dsn", url, "--", *child, "trap", str(out)
+    )
     wait_for(out, "ready", proc)
     stolen = pylease("steal", "job", "--ttl", "1m", "--holder", "operator", "--dsn", url)
     assert stolen.returncode == 0, stolen.stderr
@@ -306,7 +318,9 @@ def test_a_stolen_lease_stops_the_child_and_exits_75(
 def test_a_lease_taken_over_says_by_whom_and_how(
     url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
 ) -> None:
-    proc = start(started, "run", "job", "--ttl", "1s", "--dsn", url, "--", *child, "trap", str(out))
+    proc = start(
+        started, "run", "job", "--ttl", LOSS_TTL, "--dsn", url, "--", *child, "trap", str(out)
+    )
     wait_for(out, "ready", proc)
     proc.send_signal(signal.SIGSTOP)  # the supervisor only: its lease runs out
     try:
@@ -329,7 +343,7 @@ def test_a_child_ignoring_sigterm_is_killed_after_kill_after(
     url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
 ) -> None:
     proc = start(
-        started, "run", "job", "--ttl", "1s", "--kill-after", "300ms", "--dsn", url, "--",
+        started, "run", "job", "--ttl", LOSS_TTL, "--kill-after", "300ms", "--dsn", url, "--",
         *child, "stubborn", str(out),
     )  # fmt: skip
     wait_for(out, "ready", proc)
@@ -346,7 +360,7 @@ def test_two_runs_at_once_one_runs_one_is_busy(
     outs = [tmp_path / "a.txt", tmp_path / "b.txt"]
     procs = [
         start(
-            started, "run", "race", "--ttl", "1s", "--dsn", url, "--", *child, "sleep", str(o), "3"
+            started, "run", "race", "--ttl", TTL, "--dsn", url, "--", *child, "sleep", str(o), "3"
         )
         for o in outs
     ]
@@ -493,7 +507,7 @@ def test_an_unreachable_database_stops_the_child_and_exits_75(
     # A ttl long enough that the child's trap ends it well before the local expiry,
     # even on a loaded machine: a SIGKILL at the expiry would add a line of its own.
     proc = start(
-        started, "run", "job", "--ttl", "4s", "--dsn", via_proxy, "--", *child, "trap", str(out)
+        started, "run", "job", "--ttl", LOSS_TTL, "--dsn", via_proxy, "--", *child, "trap", str(out)
     )
     try:
         wait_for(out, "ready", proc)

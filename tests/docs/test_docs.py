@@ -45,7 +45,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUN = {"python", "console", "sql", "psql", "bash", "sh"}
 PARSED = {"yaml", "yml", "json", "toml", "ini"}
 SHOWN = {"text"}
-BLOCK_TIMEOUT = 60.0
+BLOCK_TIMEOUT = 180.0
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 # On a line of its own: a directive quoted in prose (`<!-- docs-test: ... -->`) is not one.
@@ -467,6 +467,9 @@ def _drop_roles(admin: str, roles: list[str]) -> None:
             )
 
 
+# A liveness bound: a page runs dozens of commands, each a Python start, which a
+# loaded machine may make take seconds.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_example_runs(
     path: Path,

@@ -27,6 +27,9 @@ from pylease.cli import app
 from pylease.postgres import PostgresBackend
 from tests.support.replication import BOUND, Pair, Template, wait_until
 
+# One worker runs the module (make test's parallel workers): the template is built once.
+pytestmark = pytest.mark.xdist_group("failover")
+
 HOUR = timedelta(hours=1)
 # Longer than a failover takes here (well under a second, seconds on a loaded machine),
 # so a keeper that reconnects in time keeps its lease.

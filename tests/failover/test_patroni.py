@@ -47,8 +47,9 @@ from tests.support.witness import Witness
 
 ROOT = Path(__file__).resolve().parents[2]
 # A liveness bound: the first test also builds the cluster, which a loaded machine
-# may take a minute to do.
-pytestmark = pytest.mark.timeout(600)
+# may take a minute to do. One worker runs the module (make test's parallel workers),
+# so the cluster is built once.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("patroni")]
 # Shorter than any unplanned failover here: such a lease is lost, and its holder
 # must be told before a contender is granted it on the new primary.
 SHORT_TTL = 6.0

@@ -37,6 +37,10 @@ from tests.support.faultkit import Bouncer, wait_until
 Conn = psycopg.Connection[Any]
 
 SINGLE = "pylease_single_server_conn"
+# One worker runs the module (make test's parallel workers), so there is one PgBouncer:
+# each keeps up to 20 idle server connections to every test database it served, and
+# one per worker took the shared server past its max_connections.
+pytestmark = pytest.mark.xdist_group("pgbouncer")
 
 # Tests that cannot pass through a transaction-mode pooler, by the pooler's design.
 SESSION_BOUND = {

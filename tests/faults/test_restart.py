@@ -26,6 +26,9 @@ from pylease.migrate import migrate
 from tests.support.faultkit import Server, server, wait_until
 from tests.support.leases import backends, status
 
+# One worker runs the module (make test's parallel workers): its server is started once.
+pytestmark = pytest.mark.xdist_group("restart")
+
 
 @pytest.fixture(scope="module")
 def restartable() -> Iterator[tuple[Server, str]]:

@@ -41,6 +41,9 @@ from tests.support.leader_witness import Election, campaign_rounds, check_witnes
 from tests.support.leases import Conn, join_workers, start_worker, wait_until
 
 LIVE = 30.0  # seconds: a liveness bound, never a speed
+# A term the steal ends, long enough that no stall of a loaded machine (one missed
+# renewal) ends it first: the keeper learns of the steal at its next renewal, ttl / 3.
+TERM_TTL = 6.0
 
 # The API the candidates of the processes' election use.
 API = "sync"
@@ -361,7 +364,7 @@ def test_a_stolen_term_ends_and_the_candidate_campaigns_again(dsn: str, ending: 
             stop.set()
 
     run_as_leader(
-        dsn, "scheduler", 1.5, work, stop=stop, poll_interval=0.1,
+        dsn, "scheduler", TERM_TTL, work, stop=stop, poll_interval=0.1,
         on_new_leader=rec.new, on_started_leading=rec.started, on_stopped_leading=rec.stopped,
     )  # fmt: skip
     assert rec.calls[:4] == [("new", 1), ("started", 1), ("work", 1), ("stopped", 1)]
@@ -472,7 +475,9 @@ def test_sigint_during_work_resigns_and_reaches_the_previous_handler(dsn: str) -
 def test_processes_campaign_at_most_one_believes_it_leads(
     dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, candidates: int
 ) -> None:
-    election = Election(dsn, "scheduler", 2.0, tmp_path, API)
+    # A ttl that a loaded machine's handover by release cannot outlast (the rounds
+    # that resign tell a handover by release from one by expiry).
+    election = Election(dsn, "scheduler", 6.0, tmp_path, API)
     try:
         actions = list(campaign_rounds(conn, election, candidates, rounds=6))
     finally:

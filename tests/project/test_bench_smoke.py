@@ -15,7 +15,7 @@ import pytest
 from benchmarks.run import SECTIONS, main
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_benchmarks_run_in_smoke_mode(dsn: str, tmp_path: Path) -> None:
     assert main(["--smoke", "--dsn", dsn, "--out", str(tmp_path)]) == 0
 

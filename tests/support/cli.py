@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from typer.testing import CliRunner, Result
 
 from pylease.cli import app
@@ -29,3 +33,22 @@ def ok(*args: str, env: dict[str, str | None] | None = None) -> Result:
     result = cli(*args, env=env)
     assert result.exit_code == 0, result.output
     return result
+
+
+def ok_in_a_process(*args: str) -> None:
+    """``pylease ARGS...`` in a process of its own, which must exit 0.
+
+    For a command run while another runs in-process (a thread that releases what a
+    waiting claim waits for): the runner swaps this process's stdout for each command
+    it runs, so two at once would write into each other's output.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in NO_DSN}
+    done = subprocess.run(
+        [sys.executable, "-m", "pylease", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

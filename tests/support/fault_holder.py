@@ -82,7 +82,9 @@ def sqlite_tx(path: str, name: str) -> None:
 def sqlite_churn(path: str) -> None:
     from pylease.sqlite import SqliteBackend, connect
 
-    backend = SqliteBackend(connect(path))
+    # Two churners write one file: one starved while it holds the write lock (a loaded
+    # machine) must not outlast the other's busy timeout; kills, not timeouts, are tried.
+    backend = SqliteBackend(connect(path, busy_timeout=60.0))
     n = 0
     while True:
         n += 1

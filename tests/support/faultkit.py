@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from tests.support.pgserver import _free_port, _pg_bindir
+from tests.support.pgserver import _pg_bindir, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = Path(__file__).resolve().parent / "fault_holder.py"
@@ -78,7 +78,7 @@ class Server:
         _give_to_postgres(self.base)
         self.data = self.base / "data"
         self.log = self.base / "postgresql.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.bindir = _pg_bindir()
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
@@ -154,7 +154,7 @@ class Bouncer:
         self.upstream_port = int(params.get("port") or 5432)
         self.user = str(params.get("user") or "postgres")
         self.password = str(params.get("password") or "")
-        self.port = _free_port()
+        self.port = free_port()
         self.base = Path(tempfile.mkdtemp(prefix="pylease-pgbouncer-"))
         os.chmod(self.base, 0o755)
         _give_to_postgres(self.base)

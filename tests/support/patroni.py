@@ -42,7 +42,8 @@ import psycopg
 
 from pylease.migrate import migrate
 from tests.support.faultkit import BLACKHOLE, FORWARD, Proxy
-from tests.support.replication import BINDIR, _as_postgres, _chown, _scratch, free_port
+from tests.support.pgserver import free_port
+from tests.support.replication import BINDIR, _as_postgres, _chown, _scratch
 
 PATRONI = "/usr/bin/patroni"
 ETCD = "/usr/bin/etcd"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import random
 import shutil
 import socket
 import stat
@@ -37,11 +38,35 @@ def _pg_bindir() -> Path:
     return versions[0]
 
 
-def _free_port() -> int:
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, for a server a test starts.
+
+    Picked at random below the kernel's ephemeral range, where no connection's local
+    port and no bind to port 0 lands between this pick and the server's own bind: a
+    port from bind(0) is free only until another process (a parallel worker, its
+    servers and clients) is handed it.
+    """
+    low = _ephemeral_low()
+    if low > 11000:
+        for _ in range(200):
+            port = random.randint(10000, low - 1)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        found: int = sock.getsockname()[1]
+        return found
 
 
 @contextlib.contextmanager
@@ -63,7 +88,7 @@ def _throwaway(request: pytest.FixtureRequest) -> Iterator[str]:
         os.chmod(base, 0o755)
         pg_ctl = str(wrapper)
     datadir = base / "data"
-    port = _free_port()
+    port = free_port()
     executor = PostgreSQLExecutor(
         executable=pg_ctl,
         host="127.0.0.1",

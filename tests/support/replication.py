@@ -21,7 +21,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import psycopg
 
 from pylease.migrate import migrate
+from tests.support.pgserver import free_port
 
 
 def _bindir() -> Path:
@@ -118,13 +118,6 @@ def _run(*args: str, timeout: float = BOUND) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def url(port: int, dbname: str = "postgres") -> str:
