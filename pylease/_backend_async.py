@@ -17,62 +17,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pylease import _checks
-from pylease._operations import (
-    CLAIM,
-    CLAIM_ALL,
-    CLAIM_ALL_NEW,
-    CLAIM_NEW,
-    CLAIM_QUEUED,
-    CLAIM_QUEUED_LOOKING,
-    CLAIM_SHARE,
-    CLAIM_SHARE_NEW,
-    CLAIM_SHARED,
-    CLAIM_WAITING,
-    CLAIM_WAITING_LOOKING,
-    COUNTERS,
-    GROUP_ASSIGNMENT,
-    GROUP_JOIN,
-    GROUP_LEAVE,
-    GROUP_MEMBERS,
-    GROUP_RENEW,
-    GROUP_STATUS,
-    HISTORY,
-    HOLDERS,
-    HOLDS,
-    MEMBER_HOLDS,
-    NEW_TENURE,
-    PERMIT_CLAIM,
-    PERMIT_CLAIM_NEW,
-    PERMIT_HOLDS,
-    PERMIT_RELEASE,
-    PERMIT_RELEASE_TENURE,
-    PERMIT_RENEW,
-    PERMIT_REVOKE,
-    PERMIT_SET_MAX,
-    PERMIT_STATUS,
-    PRUNE,
-    PRUNE_HISTORY,
-    RELEASE,
-    RELEASE_ALL,
-    RELEASE_ALL_TENURE,
-    RELEASE_SHARE,
-    RELEASE_TENURE,
-    RENEW,
-    RENEW_EACH,
-    RENEW_HELD,
-    RENEW_HELD_ANY,
-    RENEW_MANY,
-    REQUEST_RELEASE,
-    SET_DATA,
-    STATUS,
-    STATUS_PAGE,
-    STEAL,
-    UNWAIT,
-    UNWATCH,
-    WAIT,
-    WATCH,
-    Operation,
-)
+from pylease import _operations as ops
+from pylease._operations import Operation
 from pylease._rows import (
     CounterRow,
     GroupRow,
@@ -130,7 +76,7 @@ class AsyncBackend:
     ) -> int | None:
         """``lease_claim``, recording ``data`` (a JSON value; None: none) with a grant."""
         params = (*_claim(name, ttl, holder), _checks.data(data))
-        result: int | None = await self._call(CLAIM, params, name)
+        result: int | None = await self._call(ops.CLAIM, params, name)
         return result
 
     async def claim_new(
@@ -139,20 +85,20 @@ class AsyncBackend:
         """Claim a new tenure (``lease_claim_new``): a live tenure of ``holder`` itself is
         busy (another process uses this holder), an expired one gets a new fence."""
         params = (*_claim(name, ttl, holder), _checks.data(data))
-        result: int | None = await self._call(CLAIM_NEW, params, name)
+        result: int | None = await self._call(ops.CLAIM_NEW, params, name)
         return result
 
     async def renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
         span = None if ttl is None else _checks.ttl(ttl)
         params = (_checks.key("name", name), _checks.key("holder", holder), span)
-        return bool(await self._call(RENEW, params, name))
+        return bool(await self._call(ops.RENEW, params, name))
 
     async def renew_many(
         self, names: Sequence[str], holders: Sequence[str], ttl: timedelta | None = None
     ) -> list[tuple[str, bool]]:
         span = None if ttl is None else _checks.ttl(ttl)
         params = (*_checks.key_lists(names, holders), span)
-        result: list[tuple[str, bool]] = await self._call(RENEW_MANY, params, None)
+        result: list[tuple[str, bool]] = await self._call(ops.RENEW_MANY, params, None)
         return result
 
     async def renew_each(
@@ -167,7 +113,7 @@ class AsyncBackend:
         """
         name_list, holder_list = _checks.key_lists(names, holders)
         params = (name_list, holder_list, _checks.ttl_list(ttls, len(name_list)))
-        result: list[Renewal] = await self._call(RENEW_EACH, params, None)
+        result: list[Renewal] = await self._call(ops.RENEW_EACH, params, None)
         return result
 
     async def renew_held(
@@ -199,7 +145,7 @@ class AsyncBackend:
             _checks.tenure_list("fences", fences, count),
             _checks.tenure_list("slots", slots, count),
         )
-        result: list[Renewal] = await self._call(RENEW_HELD, params, None)
+        result: list[Renewal] = await self._call(ops.RENEW_HELD, params, None)
         return result
 
     async def renew_held_any(
@@ -215,7 +161,7 @@ class AsyncBackend:
         count = len(name_list)
         kind_list = _checks.kinds(kinds, count)
         params = (kind_list, name_list, holder_list, _checks.ttl_list(ttls, count))
-        result: list[Renewal] = await self._call(RENEW_HELD_ANY, params, None)
+        result: list[Renewal] = await self._call(ops.RENEW_HELD_ANY, params, None)
         return result
 
     async def release(
@@ -233,8 +179,8 @@ class AsyncBackend:
             _span("min_hold", min_hold),
         )
         if fence is None:
-            return bool(await self._call(RELEASE, params, name))
-        return bool(await self._call(RELEASE_TENURE, (*params, _checks.fence(fence)), name))
+            return bool(await self._call(ops.RELEASE, params, name))
+        return bool(await self._call(ops.RELEASE_TENURE, (*params, _checks.fence(fence)), name))
 
     async def steal(
         self, name: str, ttl: timedelta, holder: str, older_than: timedelta = timedelta(0)
@@ -245,7 +191,7 @@ class AsyncBackend:
             _checks.key("holder", holder),
             _checks.span("older_than", older_than),
         )
-        result: int | None = await self._call(STEAL, params, name)
+        result: int | None = await self._call(ops.STEAL, params, name)
         return result
 
     async def holds(self, name: str, holder: str, fence: int) -> bool:
@@ -254,16 +200,16 @@ class AsyncBackend:
             _checks.key("holder", holder),
             _checks.fence(fence),
         )
-        return bool(await self._call(HOLDS, params, name))
+        return bool(await self._call(ops.HOLDS, params, name))
 
     async def status(self, name: str | None = None) -> list[LeaseRow]:
         """``lease_status``: per name (all when None), who holds it and until when."""
-        result: list[LeaseRow] = await self._call(STATUS, (_key(name),), name)
+        result: list[LeaseRow] = await self._call(ops.STATUS, (_key(name),), name)
         return result
 
     async def counters(self, name: str | None = None) -> list[CounterRow]:
         """``lease_counters``: per name (all when None), grants, takeovers, steals, releases."""
-        result: list[CounterRow] = await self._call(COUNTERS, (_key(name),), name)
+        result: list[CounterRow] = await self._call(ops.COUNTERS, (_key(name),), name)
         return result
 
     async def status_page(self, prefix: str = "", max_rows: int | None = None) -> list[PageRow]:
@@ -274,7 +220,7 @@ class AsyncBackend:
         :raises InvalidArgument: a prefix that is not a str, or max_rows not an int >= 1.
         """
         start, size = _checks.prefix(prefix), _checks.page_size(max_rows)
-        result: list[PageRow] = await self._call(STATUS_PAGE, (start, start, size), None)
+        result: list[PageRow] = await self._call(ops.STATUS_PAGE, (start, start, size), None)
         return result
 
     async def history(
@@ -295,7 +241,7 @@ class AsyncBackend:
             after if isinstance(after, timedelta) else None,
             _checks.max_rows(max_rows),
         )
-        result: list[LeaseEvent] = await self._call(HISTORY, params, name)
+        result: list[LeaseEvent] = await self._call(ops.HISTORY, params, name)
         return result
 
     async def prune_history(self, older_than: timedelta) -> int:
@@ -304,7 +250,7 @@ class AsyncBackend:
         :raises PyleaseError: the role may not prune (not executable by PUBLIC).
         """
         params = (_checks.span("older_than", older_than),)
-        return int(await self._call(PRUNE_HISTORY, params, None))
+        return int(await self._call(ops.PRUNE_HISTORY, params, None))
 
     async def prune(self, idle_for: timedelta) -> int:
         """``lease_prune``: delete the names nobody has held for ``idle_for``; how many.
@@ -315,7 +261,7 @@ class AsyncBackend:
         :raises PyleaseError: the role may not prune (not executable by PUBLIC).
         """
         params = (_checks.span("idle_for", idle_for),)
-        return int(await self._call(PRUNE, params, None))
+        return int(await self._call(ops.PRUNE, params, None))
 
     # Permits (contract 5.1)
 
@@ -345,7 +291,7 @@ class AsyncBackend:
             _checks.key("holder", holder),
             _checks.count("permits", permits, limit, "max_permits"),
         )
-        rows = await self._call(PERMIT_CLAIM_NEW if new else PERMIT_CLAIM, params, name)
+        rows = await self._call(ops.PERMIT_CLAIM_NEW if new else ops.PERMIT_CLAIM, params, name)
         return {slot: fence for slot, fence in rows}
 
     async def permit_renew(self, name: str, holder: str, ttl: timedelta | None = None) -> bool:
@@ -353,7 +299,7 @@ class AsyncBackend:
         were extended; False changes nothing."""
         span = None if ttl is None else _checks.ttl(ttl)
         params = (_checks.key("name", name), _checks.key("holder", holder), span)
-        return bool(await self._call(PERMIT_RENEW, params, name))
+        return bool(await self._call(ops.PERMIT_RENEW, params, name))
 
     async def permit_release(
         self, name: str, holder: str, slot: int | None = None, fence: int | None = None
@@ -363,12 +309,12 @@ class AsyncBackend:
         (None: any), so that a late release of an earlier tenure frees nothing."""
         params = (_checks.key("name", name), _checks.key("holder", holder))
         if slot is None and fence is None:
-            return bool(await self._call(PERMIT_RELEASE, params, name))
+            return bool(await self._call(ops.PERMIT_RELEASE, params, name))
         tenure = (
             None if slot is None else _checks.slot(slot),
             None if fence is None else _checks.fence(fence),
         )
-        return bool(await self._call(PERMIT_RELEASE_TENURE, (*params, *tenure), name))
+        return bool(await self._call(ops.PERMIT_RELEASE_TENURE, (*params, *tenure), name))
 
     async def permit_holds(self, name: str, holder: str, fence: int) -> bool:
         params = (
@@ -376,11 +322,11 @@ class AsyncBackend:
             _checks.key("holder", holder),
             _checks.fence(fence),
         )
-        return bool(await self._call(PERMIT_HOLDS, params, name))
+        return bool(await self._call(ops.PERMIT_HOLDS, params, name))
 
     async def permit_status(self, name: str | None = None) -> list[PermitRow]:
         """``permit_status``: one row per slot ever granted (every semaphore when None)."""
-        result: list[PermitRow] = await self._call(PERMIT_STATUS, (_key(name),), name)
+        result: list[PermitRow] = await self._call(ops.PERMIT_STATUS, (_key(name),), name)
         return result
 
     async def permit_set_max(self, name: str, max_permits: int) -> None:
@@ -389,7 +335,7 @@ class AsyncBackend:
         :raises PyleaseError: the role may not (not executable by PUBLIC).
         """
         params = (_checks.key("name", name), _checks.max_permits(max_permits))
-        await self._call(PERMIT_SET_MAX, params, name)
+        await self._call(ops.PERMIT_SET_MAX, params, name)
 
     async def permit_revoke(self, name: str, holder: str) -> bool:
         """``permit_revoke``: free every slot of ``holder``; True if it held any.
@@ -397,7 +343,7 @@ class AsyncBackend:
         :raises PyleaseError: the role may not (not executable by PUBLIC).
         """
         params = (_checks.key("name", name), _checks.key("holder", holder))
-        return bool(await self._call(PERMIT_REVOKE, params, name))
+        return bool(await self._call(ops.PERMIT_REVOKE, params, name))
 
     # Several names (contract 5.3)
 
@@ -409,7 +355,7 @@ class AsyncBackend:
         ``holder`` holds unexpired is busy, an expired one gets a new fence."""
         params = (_checks.names(names), _checks.ttl(ttl), _checks.key("holder", holder))
         try:
-            rows = await self._call(CLAIM_ALL_NEW if new else CLAIM_ALL, params, None)
+            rows = await self._call(ops.CLAIM_ALL_NEW if new else ops.CLAIM_ALL, params, None)
         except FenceExhausted as exc:
             worn = _worn(str(exc))
             if exc.name is not None or worn is None:
@@ -429,10 +375,10 @@ class AsyncBackend:
         name_list = _checks.names(names)
         params = (name_list, _checks.key("holder", holder))
         if fences is None:
-            result: list[tuple[str, bool]] = await self._call(RELEASE_ALL, params, None)
+            result: list[tuple[str, bool]] = await self._call(ops.RELEASE_ALL, params, None)
             return result
         fence_list = _checks.tenure_list("fences", fences, len(name_list))
-        result = await self._call(RELEASE_ALL_TENURE, (*params, fence_list), None)
+        result = await self._call(ops.RELEASE_ALL_TENURE, (*params, fence_list), None)
         return result
 
     # Readers and writers (contract 5.2)
@@ -441,7 +387,7 @@ class AsyncBackend:
         """``lease_claim_shared``: the epoch when granted (the fence of the name's latest
         exclusive grant, 0 if none); None while a writer holds the name or waits for it."""
         params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
-        result: int | None = await self._call(CLAIM_SHARED, params, name)
+        result: int | None = await self._call(ops.CLAIM_SHARED, params, name)
         return result
 
     async def claim_share(
@@ -451,7 +397,7 @@ class AsyncBackend:
         (``pylease_claim_shared``, 0019). ``new``: a new share, busy while ``holder``'s
         own share is live (another process, or an earlier block, uses this holder)."""
         params = (_checks.key("name", name), _checks.ttl(ttl), _checks.key("holder", holder))
-        rows = await self._call(CLAIM_SHARE_NEW if new else CLAIM_SHARE, params, name)
+        rows = await self._call(ops.CLAIM_SHARE_NEW if new else ops.CLAIM_SHARE, params, name)
         if not rows or rows[0][0] is None:
             return None
         return int(rows[0][0]), int(rows[0][1])
@@ -466,11 +412,11 @@ class AsyncBackend:
             _checks.fence(epoch, "epoch"),
             _checks.fence(share, "share"),
         )
-        return bool(await self._call(RELEASE_SHARE, params, name))
+        return bool(await self._call(ops.RELEASE_SHARE, params, name))
 
     async def holders(self, name: str | None = None) -> list[HolderRow]:
         """``lease_holders``: every current holder of every kind (all names when None)."""
-        result: list[HolderRow] = await self._call(HOLDERS, (_key(name),), name)
+        result: list[HolderRow] = await self._call(ops.HOLDERS, (_key(name),), name)
         return result
 
     # Data on a lease, and leaders that step down when asked (contract 5.4)
@@ -485,7 +431,7 @@ class AsyncBackend:
             _checks.data(data),
             tenure,
         )
-        return bool(await self._call(SET_DATA, params, name))
+        return bool(await self._call(ops.SET_DATA, params, name))
 
     async def request_release(self, name: str, requested_by: str) -> bool:
         """``lease_request_release``: True when the lease is held; its holder's keeper
@@ -494,7 +440,7 @@ class AsyncBackend:
         :raises PyleaseError: the role may not (not executable by PUBLIC).
         """
         params = (_checks.key("name", name), _checks.key("requested_by", requested_by))
-        return bool(await self._call(REQUEST_RELEASE, params, name))
+        return bool(await self._call(ops.REQUEST_RELEASE, params, name))
 
     # Groups (contract 5.5)
 
@@ -511,7 +457,7 @@ class AsyncBackend:
             _checks.ttl(ttl),
             _checks.data(data),
         )
-        result: int | None = await self._call(GROUP_JOIN, params, grp)
+        result: int | None = await self._call(ops.GROUP_JOIN, params, grp)
         return result
 
     async def group_renew(
@@ -530,16 +476,16 @@ class AsyncBackend:
             span,
             _incarnation(incarnation),
         )
-        return bool(await self._call(GROUP_RENEW, params, grp))
+        return bool(await self._call(ops.GROUP_RENEW, params, grp))
 
     async def group_leave(self, grp: str, member: str, incarnation: int | None = None) -> bool:
         """``group_leave``: True when the member was live (of ``incarnation``, unless None)."""
         params = (_checks.group(grp), _checks.key("member", member), _incarnation(incarnation))
-        return bool(await self._call(GROUP_LEAVE, params, grp))
+        return bool(await self._call(ops.GROUP_LEAVE, params, grp))
 
     async def group_members(self, grp: str) -> list[MemberRow]:
         """``group_members``: the live members, ordered by member."""
-        result: list[MemberRow] = await self._call(GROUP_MEMBERS, (_checks.group(grp),), grp)
+        result: list[MemberRow] = await self._call(ops.GROUP_MEMBERS, (_checks.group(grp),), grp)
         return result
 
     async def member_holds(self, grp: str, member: str, incarnation: int) -> bool:
@@ -548,19 +494,19 @@ class AsyncBackend:
             _checks.key("member", member),
             _checks.fence(incarnation, "incarnation"),
         )
-        return bool(await self._call(MEMBER_HOLDS, params, grp))
+        return bool(await self._call(ops.MEMBER_HOLDS, params, grp))
 
     async def group_assignment(self, grp: str, partitions: int) -> dict[int, str]:
         """``group_assignment``: partition -> member, for partitions 0 .. partitions - 1;
         empty when the group has no live member."""
         params = (_checks.group(grp), _checks.partitions(partitions))
-        rows = await self._call(GROUP_ASSIGNMENT, params, grp)
+        rows = await self._call(ops.GROUP_ASSIGNMENT, params, grp)
         return {part: member for part, member in rows}
 
     async def group_status(self, grp: str | None = None) -> list[GroupRow]:
         """``group_status``: every group ever joined (or ``grp``), by name."""
         params = (None if grp is None else _checks.group(grp),)
-        result: list[GroupRow] = await self._call(GROUP_STATUS, params, grp)
+        result: list[GroupRow] = await self._call(ops.GROUP_STATUS, params, grp)
         return result
 
     # Waiting (PostgreSQL): the engine of pylease._waiting_async calls these.
@@ -587,12 +533,12 @@ class AsyncBackend:
         claim: tuple[object, ...] = (name, ttl, holder, _checks.data(data), name)
         claim = claim if status else claim[:4]
         if queued_as is not None:
-            op = CLAIM_QUEUED_LOOKING if status else CLAIM_QUEUED
+            op = ops.CLAIM_QUEUED_LOOKING if status else ops.CLAIM_QUEUED
             claim = (name, queued_as, *claim)
         else:
-            op = CLAIM_WAITING_LOOKING if status else CLAIM_WAITING
+            op = ops.CLAIM_WAITING_LOOKING if status else ops.CLAIM_WAITING
         if new:
-            op = NEW_TENURE[op.name]
+            op = ops.NEW_TENURE[op.name]
         rows = await self._call(op, claim, name)
         fence: int | None = rows[0][0] if rows else None
         if fence is not None or not status:
@@ -602,18 +548,18 @@ class AsyncBackend:
 
     async def wait(self, name: str, waiter: str, ttl: timedelta) -> bool:
         """``lease_wait``: queue a waiting process (or refresh its entry); True when first."""
-        return bool(await self._call(WAIT, (name, waiter, ttl), name))
+        return bool(await self._call(ops.WAIT, (name, waiter, ttl), name))
 
     async def unwait(self, name: str, waiter: str, granted: bool) -> None:
         """``lease_unwait``: leave the queue of waiting processes, waking the next one."""
-        await self._call(UNWAIT, (name, waiter, granted), name)
+        await self._call(ops.UNWAIT, (name, waiter, granted), name)
 
     async def watch(self, name: str, watcher: str, ttl: timedelta | None) -> bool:
         """``lease_watch`` until now + ``ttl`` (True: it was not watched by ``watcher``), or
         with None ``lease_unwatch``."""
         if ttl is None:
-            return bool(await self._call(UNWATCH, (name, watcher), name))
-        return bool(await self._call(WATCH, (name, watcher, ttl), name))
+            return bool(await self._call(ops.UNWATCH, (name, watcher), name))
+        return bool(await self._call(ops.WATCH, (name, watcher, ttl), name))
 
 
 # How a release runs: the statement, and what to run instead when it runs again (None:
