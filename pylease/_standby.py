@@ -191,6 +191,11 @@ class Watch:
         # came) is not told again.
         self.last: LeaseRow | None = None
         self.floor = 0
+        # The fence of the row read last, held or not: a released or expired row's is
+        # its last term's, which may not have been heard yet.
+        self.fence = 0
+        # Whether a row was read: what came before the first one is not owed to anyone.
+        self.primed = False
         # A row ahead of what was heard: its fence, and until when its notifications are
         # waited for; meanwhile the watcher looks again soon.
         self.ahead: tuple[int, float] | None = None
@@ -240,6 +245,9 @@ class Watch:
             if not healthy:
                 self._fall_back("the listener was lost, or could not LISTEN")
         row = self.last = self.read()
+        if not self.primed:
+            self.primed = True
+            self.floor = max(self.floor, self.fence)
         out: list[LeaseRow | None] = []
         for change in heard:
             fence = int(change["fence"])
@@ -254,22 +262,25 @@ class Watch:
         self.soon = False
         if not same_leader(last, row):
             early = not whole and healthy
-            if row is not None and row.fence > self.floor and early and self._early(row):
+            if self.fence > self.floor and early and self._early(self.fence):
                 # Later terms than those heard: their notifications are on their way (the
-                # row was read after they committed, before they came). Told from them,
-                # in order, shortly; from the row if they never come.
+                # row was read after they committed, before they came), also when the row
+                # shows the last of them ended (released or expired): its grant is told
+                # before its end. Told from them, in order, shortly; from the row if they
+                # never come.
                 self.soon = True
                 return out
             out.append(row)
-        if row is not None:
-            self.floor = max(self.floor, row.fence)
+        # Told up to the row's term, so a notification of an earlier one is not told
+        # after it.
+        self.floor = max(self.floor, self.fence)
         return out
 
-    def _early(self, row: LeaseRow) -> bool:
-        """Whether the notifications of the terms up to ``row``'s may still come."""
+    def _early(self, fence: int) -> bool:
+        """Whether the notifications of the terms up to ``fence`` may still come."""
         now = monotonic()
-        if self.ahead is None or self.ahead[0] != row.fence:
-            self.ahead = (row.fence, now + IN_FLIGHT)
+        if self.ahead is None or self.ahead[0] != fence:
+            self.ahead = (fence, now + IN_FLIGHT)
         return now < self.ahead[1]
 
     def settle(self) -> None:
@@ -280,6 +291,7 @@ class Watch:
     def read(self) -> LeaseRow | None:
         name = self.name
         rows = self.link.run(lambda b: b.status(name), name=name, retry=True)
+        self.fence = max((r.fence for r in rows), default=0)
         return leading(rows)
 
     def pause(self, row: LeaseRow | None, stop: Stop, deadline: float) -> None:

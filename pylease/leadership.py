@@ -471,7 +471,7 @@ def watch_leader(
     try:
         watch.listen()
         last = watch.read()
-        watch.floor = 0 if last is None else last.fence
+        watch.floor, watch.primed = watch.fence, True
         yield last
         while True:
             watch.pause(last, stop, math.inf)

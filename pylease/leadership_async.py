@@ -579,7 +579,7 @@ async def awatch_leader(
     try:
         await watch.listen()
         last = await watch.read()
-        watch.floor = 0 if last is None else last.fence
+        watch.floor, watch.primed = watch.fence, True
         yield last
         while True:
             await watch.pause(last, stop, math.inf)
