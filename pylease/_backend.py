@@ -121,6 +121,8 @@ class Backend:
         ttls: Sequence[timedelta | None],
         fences: Sequence[int | None] | None = None,
         slots: Sequence[int | None] | None = None,
+        *,
+        requests: bool = True,
     ) -> list[Renewal]:
         """The keeper's renewal across kinds, in one statement: element i is a lease
         (``kinds[i] == "lease"``), a reader's share of one (``"shared"``) or a holder's
@@ -142,7 +144,8 @@ class Backend:
             _checks.tenure_list("fences", fences, count),
             _checks.tenure_list("slots", slots, count),
         )
-        result: list[Renewal] = self._call(ops.RENEW_HELD, params, None)
+        op = ops.RENEW_HELD if requests else ops.RENEW_HELD_NO_REQUESTS
+        result: list[Renewal] = self._call(op, params, None)
         return result
 
     def renew_held_any(

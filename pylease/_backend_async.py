@@ -124,6 +124,8 @@ class AsyncBackend:
         ttls: Sequence[timedelta | None],
         fences: Sequence[int | None] | None = None,
         slots: Sequence[int | None] | None = None,
+        *,
+        requests: bool = True,
     ) -> list[Renewal]:
         """The keeper's renewal across kinds, in one statement: element i is a lease
         (``kinds[i] == "lease"``), a reader's share of one (``"shared"``) or a holder's
@@ -145,7 +147,8 @@ class AsyncBackend:
             _checks.tenure_list("fences", fences, count),
             _checks.tenure_list("slots", slots, count),
         )
-        result: list[Renewal] = await self._call(ops.RENEW_HELD, params, None)
+        op = ops.RENEW_HELD if requests else ops.RENEW_HELD_NO_REQUESTS
+        result: list[Renewal] = await self._call(op, params, None)
         return result
 
     async def renew_held_any(

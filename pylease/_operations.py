@@ -385,10 +385,17 @@ GROUP_STATUS = Operation(
 RENEW_HELD = Operation(
     "renew_held",
     GRANT,
-    # The request's column by name from the row: a schema before 0016 has none (NULL).
-    "SELECT r.name, r.renewed, r.expires_at, r.server_time,"
-    " to_jsonb(r) ->> 'release_requested_by' FROM pylease_renew_held("
-    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[]) AS r",
+    "SELECT name, renewed, expires_at, server_time, release_requested_by FROM pylease_renew_held("
+    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])",
+    ("kinds", "names", "holders", "ttls", "fences", "slots"),
+    Renewal,
+)
+#: The same on a schema before pylease-0016, whose renewal answers no step-down request.
+RENEW_HELD_NO_REQUESTS = Operation(
+    "renew_held",
+    GRANT,
+    "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
+    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])",
     ("kinds", "names", "holders", "ttls", "fences", "slots"),
     Renewal,
 )

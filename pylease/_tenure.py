@@ -53,13 +53,18 @@ def renew_leases(
     """
     fenced = source.key not in _unfenced
     apart = source.key in _members_apart
+    requests = source.key not in _no_requests
 
     def renew(b: Backend) -> list[Any]:
-        return _renew(b, batch, fenced, apart)
+        return _renew(b, batch, fenced, apart, requests)
 
     try:
         rows = source.run(renew, name=name, retry=True, urgent=True)
-    except SchemaMissing:
+    except SchemaMissing as exc:
+        if requests and type(exc.__cause__).__name__ == "UndefinedColumn":
+            # A schema before pylease-0016: its renewal answers no step-down request.
+            _no_requests.add(source.key)
+            return renew_leases(source, batch, name=name)
         if not fenced:
             raise
         _unfenced.add(source.key)
@@ -88,16 +93,24 @@ def renew_leases(
 # those whose schema predates pylease-0015 (no members in the keeper's renewal).
 _unfenced: set[Hashable] = set()
 _members_apart: set[Hashable] = set()
+# Sources whose schema predates pylease-0016 (no step-down request in the renewal).
+_no_requests: set[Hashable] = set()
 
 
-def _renew(b: Backend, batch: Sequence[Ticket], fenced: bool, apart: bool = False) -> list[Any]:
+def _renew(
+    b: Backend,
+    batch: Sequence[Ticket],
+    fenced: bool,
+    apart: bool = False,
+    requests: bool = True,
+) -> list[Any]:
     """The statement of :func:`renew_leases`: one Renewal per element, in order. With
     ``apart``, members are renewed by ``group_renew`` each, after that statement."""
     if apart or not fenced:
         members = [t for t in batch if t.kind == "member"]
         if members:
             others = [t for t in batch if t.kind != "member"]
-            rows = iter(_renew(b, others, fenced) if others else [])
+            rows = iter(_renew(b, others, fenced, False, requests) if others else [])
             kept = {}
             for t in members:
                 ok = b.group_renew(t.name, t.holder, t.renew_ttl, t.fence)
@@ -121,7 +134,7 @@ def _renew(b: Backend, batch: Sequence[Ticket], fenced: bool, apart: bool = Fals
             fences.append(t.fence if t.fences is None else t.fences[name])
     if fenced:
         slots = [t.slot for t in batch for _ in t.names or (t.name,)]
-        return b.renew_held(kinds, names, holders, ttls, fences, slots)
+        return b.renew_held(kinds, names, holders, ttls, fences, slots, requests=requests)
     if all(kind == "lease" for kind in kinds):
         return b.renew_each(names, holders, ttls)
     return b.renew_held_any(kinds, names, holders, ttls)
