@@ -1401,23 +1401,33 @@ RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
-    head text;
+    was_head boolean;
     queued boolean;
+    head text;
 BEGIN
-    PERFORM pylease_check_key('name', lease_unwait.name);
-    PERFORM pylease_check_key('waiter', lease_unwait.waiter);
+    -- The checks' functions are called only to raise: each call sets a search_path.
+    IF lease_unwait.name IS NULL OR lease_unwait.name = '' OR length(lease_unwait.name) > 200 THEN
+        PERFORM pylease_check_key('name', lease_unwait.name);
+    END IF;
+    IF lease_unwait.waiter IS NULL OR lease_unwait.waiter = ''
+       OR length(lease_unwait.waiter) > 200 THEN
+        PERFORM pylease_check_key('waiter', lease_unwait.waiter);
+    END IF;
     IF pg_is_in_recovery() THEN
         PERFORM pylease_refuse_standby('lease_unwait');
     END IF;
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    SELECT w.waiter INTO head FROM pylease_waiters AS w
-     WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
+    -- Whether the entry was the head (the first unexpired one), read as it is removed.
     DELETE FROM pylease_waiters AS w
-     WHERE w.name = lease_unwait.name AND w.waiter = lease_unwait.waiter;
+     WHERE w.name = lease_unwait.name AND w.waiter = lease_unwait.waiter
+    RETURNING w.expires_at > now_
+              AND NOT EXISTS (SELECT FROM pylease_waiters AS x
+                               WHERE x.name = w.name AND x.expires_at > now_ AND x.id < w.id)
+    INTO was_head;
     queued := FOUND;
-    IF queued AND head = lease_unwait.waiter THEN
+    IF was_head THEN
         SELECT w.waiter INTO head FROM pylease_waiters AS w
          WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
         IF head IS NOT NULL THEN
