@@ -2,8 +2,9 @@
 -- waiter's granted claim runs it in its own statement. Keep sql/postgres/schema.sql in step.
 --   * the key checks run inline, calling pylease_check_key only to raise (each call of a
 --     function with its own search_path costs a setting saved and restored);
---   * the DELETE of the entry says whether it was the head, where a SELECT before it
---     read the head; the new head is read only when the leaving one was the head.
+--   * the DELETE of the entry reads the first two unexpired entries as it removes it
+--     (the head, and the new head when the leaving one was the head), where a SELECT
+--     before it and another after it read them.
 -- Answers, notifications and the sweep of expired entries are unchanged.
 -- depends: pylease-0019-shares
 
@@ -21,9 +22,7 @@ RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
-    was_head boolean;
-    queued boolean;
-    head text;
+    heads text[];
 BEGIN
     -- The checks' functions are called only to raise: each call sets a search_path.
     IF lease_unwait.name IS NULL OR lease_unwait.name = '' OR length(lease_unwait.name) > 200 THEN
@@ -39,20 +38,18 @@ BEGIN
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    -- Whether the entry was the head (the first unexpired one), read as it is removed.
+    -- The first two unexpired entries as the entry is removed: when it was the first
+    -- (the head), the second is the new head.
     DELETE FROM pylease_waiters AS w
      WHERE w.name = lease_unwait.name AND w.waiter = lease_unwait.waiter
-    RETURNING w.expires_at > now_
-              AND NOT EXISTS (SELECT FROM pylease_waiters AS x
-                               WHERE x.name = w.name AND x.expires_at > now_ AND x.id < w.id)
-    INTO was_head;
-    queued := FOUND;
-    IF was_head THEN
-        SELECT w.waiter INTO head FROM pylease_waiters AS w
-         WHERE w.name = lease_unwait.name AND w.expires_at > now_ ORDER BY w.id LIMIT 1;
-        IF head IS NOT NULL THEN
+    RETURNING ARRAY(SELECT x.waiter FROM pylease_waiters AS x
+                     WHERE x.name = w.name AND x.expires_at > now_ ORDER BY x.id LIMIT 2)
+    INTO heads;
+    -- No entry: heads is NULL (ARRAY() itself is never NULL).
+    IF heads[1] = lease_unwait.waiter THEN
+        IF heads[2] IS NOT NULL THEN
             PERFORM pg_notify('pylease_waiters',
-                              json_build_object('name', lease_unwait.name, 'waiter', head,
+                              json_build_object('name', lease_unwait.name, 'waiter', heads[2],
                                                 'claim', NOT coalesce(granted, false))::text);
         ELSIF NOT coalesce(granted, false) THEN
             -- The last waiting writer left without the lease: the readers it held off
@@ -64,6 +61,6 @@ BEGIN
     DELETE FROM pylease_waiters AS w
      WHERE w.id IN (SELECT x.id FROM pylease_waiters AS x WHERE x.expires_at <= now_
                      ORDER BY x.expires_at LIMIT 16 FOR UPDATE SKIP LOCKED);
-    RETURN queued;
+    RETURN heads IS NOT NULL;
 END
 $$;
