@@ -88,9 +88,7 @@ def hammer_faulty(
         writer = rnd.random() < 0.25
         holder = reused(writer, rnd, seed)
         try:
-            with lease(
-                url, NAME, ttl=FAULTY_TTL, shared=not writer, wait=5, holder=holder
-            ) as held:
+            with lease(url, NAME, ttl=FAULTY_TTL, shared=not writer, wait=5, holder=holder) as held:
                 witness.grant(NAME, held.holder, held.fence)
                 witness.note("mode", NAME, held.holder, writer=writer)
                 holding[seed] = 1
