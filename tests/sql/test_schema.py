@@ -42,7 +42,8 @@ MIGRATIONS = [
     "pylease-0017-permit-claim",
     "pylease-0018-renew-held",
     "pylease-0019-shares",
-    "pylease-0020-unwait",
+    "pylease-0020-first-readers",
+    "pylease-0021-unwait",
 ]
 FUNCTIONS = (
     "lease_claim",

@@ -1,4 +1,4 @@
--- Undo pylease 0020: lease_unwait as pylease-0013-shared defined it.
+-- Undo pylease 0021: lease_unwait as pylease-0013-shared defined it.
 
 DO $pin$
 BEGIN

@@ -1,4 +1,4 @@
--- pylease 0020: lease_unwait costs a handover less (issue 22, bench target 5): a queued
+-- pylease 0021: lease_unwait costs a handover less (issue 22, bench target 5): a queued
 -- waiter's granted claim runs it in its own statement. Keep sql/postgres/schema.sql in step.
 --   * the key checks run inline, calling pylease_check_key only to raise (each call of a
 --     function with its own search_path costs a setting saved and restored);
@@ -6,7 +6,7 @@
 --     (the head, and the new head when the leaving one was the head), where a SELECT
 --     before it and another after it read them.
 -- Answers, notifications and the sweep of expired entries are unchanged.
--- depends: pylease-0019-shares
+-- depends: pylease-0020-first-readers
 
 DO $pin$
 BEGIN
