@@ -233,6 +233,9 @@ FIRST_STAMP = (
 )
 # The command's shell starts the stamper in the background, says its pid, and waits.
 STAMPING_TREE = '"$0" "$1" "$2" & echo $! > "$3"; wait'
+# Long enough that a loaded machine never loses the lease on the way (a loss stops the
+# command before it is asked to), short enough that a request is learnt within 3 s.
+STEP_TTL = "9s"
 
 
 def stamps(path: Path) -> list[int]:
@@ -249,7 +252,7 @@ def test_the_grandchild_stops_before_the_standby_is_granted(
     pidfile, first = tmp_path / "gpid", tmp_path / "standby"
     stamper.write_text(STAMPER)
     holder = start(
-        started, command, "job", "--ttl", "3s", "--kill-after", "1s", "--dsn", url, "--",
+        started, command, "job", "--ttl", STEP_TTL, "--kill-after", "1s", "--dsn", url, "--",
         "sh", "-c", STAMPING_TREE, sys.executable, str(stamper), str(stamped), str(pidfile),
     )  # fmt: skip
     pid = grandchild(pidfile)
@@ -259,7 +262,7 @@ def test_the_grandchild_stops_before_the_standby_is_granted(
         time.sleep(0.02)
     waits = ["--wait", "1m"] if command == "run" else []
     standby = start(
-        started, command, "job", "--ttl", "3s", *waits, "--dsn", url, "--",
+        started, command, "job", "--ttl", STEP_TTL, *waits, "--dsn", url, "--",
         sys.executable, "-I", "-S", "-c", FIRST_STAMP, str(first),
     )  # fmt: skip
     standing_by(url, "job", standby)
@@ -274,11 +277,11 @@ def test_the_grandchild_stops_before_the_standby_is_granted(
     assert standby_code == 0, standby_err
     [granted] = stamps(first)
     last = max(stamps(stamped))
-    assert last > asked_at, "the grandchild was gone before it was asked to stop"
+    assert last > asked_at, f"the grandchild was gone before it was asked to stop: {err}"
     assert last < granted, (
-        f"the grandchild ran {(last - granted) / 1e6:.1f} ms into the standby's term"
+        f"the grandchild ran {(last - granted) / 1e6:.1f} ms into the standby's term: {err}"
     )
-    assert not alive(pid), "the grandchild outlived its pylease"
+    assert not alive(pid), f"the grandchild outlived its pylease: {err}"
     # The shell died of the SIGTERM (128+15), or pylease stepped down (76); either way
     # only SIGKILL stopped the grandchild.
     assert code == (76 if stop == "request-release" else 128 + signal.SIGTERM), err
