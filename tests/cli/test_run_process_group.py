@@ -286,3 +286,24 @@ def test_the_grandchild_stops_before_the_standby_is_granted(
     # only SIGKILL stopped the grandchild.
     assert code == (76 if stop == "request-release" else 128 + signal.SIGTERM), err
     assert "sending them SIGKILL" in err, err
+
+
+def test_a_group_whose_processes_were_killed_is_not_running_though_not_yet_reaped() -> None:
+    """The release after a SIGKILL waits for the group on this: a zombie has stopped writing,
+    while ``killpg(pgid, 0)`` still finds it."""
+    from pylease.cli._watchdog import group_alive, group_running
+
+    proc = subprocess.Popen(["sleep", "300"], process_group=0)
+    try:
+        assert group_running(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not alive(proc.pid), "SIGKILL did not end the process"
+        assert group_alive(proc.pid), "the zombie is still in its group until it is reaped"
+        assert not group_running(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not group_running(proc.pid)
