@@ -117,6 +117,7 @@ if [ "$set_name" = deep ]; then
     verify pass groups-late       all    -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DGSLOTS=2
     verify pass groups-slow       all    -DSLOW=1 -DGROUPS=1 -DGKEEPERS=1
     verify pass groups-two-parts  all    -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DPARTS=2
+    verify pass groups-rejoin     all    -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DJOINS0=2
 else
     # One configuration per feature: a clean model, then each feature on its own.
     verify pass base           all    -DSLOW=0

@@ -20,6 +20,10 @@
  * up on it; replies may be late or lost; any party may pause. A process awaits one
  * statement at a time (the keeper's and the rebalancer's interleave).
  *
+ * Configuration (-D): PARTS (1 or 2), JOINS and JOINS0 (joins per process, process
+ * 0's), CLAIMS (partition claims per membership), GKEEPERS (processes that renew),
+ * GSLOTS (statements a process may have outstanding), SLOW and TTL as pylease.pml's.
+ *
  * Properties: partitions, members, and owned_again (a state to reach). Mutants:
  * MUT_RELEASE_BEFORE_REVOKE, MUT_MEMBER_FROM_ARRIVAL; sql_groups.pml's
  * MUT_JOIN_LIVE_NAME and MUT_PART_CLAIM_CONTINUES.
@@ -37,7 +41,7 @@
 #endif
 #define JOINS_OF(c) ((c) == 0 -> JOINS0 : JOINS)
 #ifndef CLAIMS
-#define CLAIMS 1        /* partition claims a process sends, all told */
+#define CLAIMS 1        /* partition claims a process sends per membership */
 #endif
 #define GM 2            /* member processes */
 #ifndef GKEEPERS
@@ -101,7 +105,7 @@ byte ms[GM];            /* the membership's stage */
 byte minc[GM];          /* its incarnation */
 byte mel[GM];           /* the membership's Ticket.expires - monotonic() */
 byte joins[GM];         /* joins sent */
-byte tries[GM];         /* partition claims sent */
+byte tries[GM];         /* partition claims sent by this membership */
 bool skipped[GM];       /* the slow clock lost its tick */
 byte aw[GM];            /* the request whose reply it waits for, or NOSLOT */
 byte awop[GM];          /* ... of which kind */
@@ -255,7 +259,7 @@ end:
     :: d_step { awop[c] == G_JOIN && aw[c] != NOSLOT && rdone[c] ->
         if
         :: rval[c] != 0 ->
-            ms[c] = M_IN; minc[c] = rval[c]; mel[c] = MEXPIRES_IN(c, TTL);
+            ms[c] = M_IN; minc[c] = rval[c]; mel[c] = MEXPIRES_IN(c, TTL); tries[c] = 0;
             printf("member %d: joined, incarnation %d, believes %d ticks\n", c, minc[c], mel[c])
         :: else ->
             ms[c] = M_OUT; printf("member %d: MemberLive: the name is live\n", c)

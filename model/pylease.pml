@@ -14,7 +14,9 @@
  * Properties (one line each, at the end): belief, fenced, fence_once; with PERMITS,
  * permits and fence_grows; with NAMES, all_or_nothing, no_deadlock and fence_grows;
  * with READERS, rw_exclusion, epoch_fenced, and readers_overlap (a state to reach);
- * with STEPDOWN, request_kept, new_term, and leads_again (a state to reach).
+ * with STEPDOWN, request_kept, new_term, and leads_again (a state to reach); with
+ * GROUPS, members of a group and their partitions (groups.pml, in place of the
+ * clients): partitions, members, and owned_again (a state to reach).
  * Configuration and mutants are -D macros; see check.sh and docs/model.md. Mutants
  * here: MUT_BELIEF_FROM_ARRIVAL, MUT_NO_DRIFT_MARGIN (issue 21 item 18),
  * MUT_LATE_ANSWER_REVIVES with MUT_RENEW_NO_FENCE, MUT_RELEASE_NO_FENCE (item 17, with
