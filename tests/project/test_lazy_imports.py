@@ -106,3 +106,30 @@ def test_a_lease_on_sqlite_loads_neither_the_driver_nor_asyncio(tmp_path: Path) 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.rsplit("loaded:", 1)[1].split() == []
+
+
+HELP = """
+import sys
+from pylease.cli import main
+sys.argv = ["pylease", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+from pylease.cli._app import COMMANDS
+modules = {f"pylease.cli.{module}" for module, _summary in COMMANDS.values()}
+print("loaded:", *sorted(m for m in modules if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "loads"),
+    [(["--help"], []), (["run", "--help"], ["pylease.cli._permits", "pylease.cli._run"])],
+)
+def test_a_command_imports_only_its_own_module(args: list[str], loads: list[str]) -> None:
+    # --help lists every command without importing one; run loads no view's, group's...
+    result = subprocess.run(
+        [sys.executable, "-c", HELP, *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rsplit("loaded:", 1)[1].split() == loads
