@@ -261,7 +261,8 @@ class _NamesThenCommand(_Command):
         try:
             rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
         except _UsageError as error:
-            if dashes and type(error).__name__ == "MissingParameter":
+            missing = getattr(getattr(error, "param", None), "name", None)
+            if dashes and missing in ("name", "names"):
                 # `run --ttl 1m -- echo hi` must not claim `echo` and run `hi`.
                 raise _UsageError(f"NAME goes before '--': {usage}", ctx) from None
             if dashes or type(error).__name__ not in ("NoSuchOption", "UsageError"):
