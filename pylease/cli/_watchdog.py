@@ -10,16 +10,14 @@ and tells it on a pipe:
     the command's process group, and the grace between SIGTERM and SIGKILL;
 ``until T``
     the lease's local expiry on the keeper's clock (CLOCK_BOOTTIME where it
-    exists): SIGKILL comes no later, as it would from ``pylease run`` itself;
-``done``
-    the command's group is gone: exit.
+    exists): SIGKILL comes no later, as it would from ``pylease run`` itself.
 
 The pipe's write end lives in pylease only, so the kernel closes it when pylease dies,
-however it dies: end of file without ``done`` means pylease is gone, and the group
-gets SIGTERM, then SIGKILL after KILL_AFTER or at T, whichever comes first. The
-watchdog outlives neither: it exits once it has stopped the group, and once the group
-is gone (checked every second) while pylease still runs. SIGINT, SIGTERM and SIGHUP
-do not stop it: they are pylease's to handle, which then says ``done``.
+however it dies: end of file means pylease is gone, and the group gets SIGTERM, then
+SIGKILL after KILL_AFTER or at T, whichever comes first. The watchdog outlives
+neither: pylease kills it once the command's group is gone, it exits once it has
+stopped the group, and once the group is gone (checked every second) while pylease
+still runs. SIGINT, SIGTERM and SIGHUP do not stop it: they are pylease's to handle.
 """
 
 from __future__ import annotations
@@ -51,6 +49,34 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def group_running(pgid: int) -> bool:
+    """Whether a process of the group can still run: one that is not a zombie.
+
+    A process killed by SIGKILL is counted until the kernel has made it a zombie, which
+    ``killpg(pgid, 0)`` cannot tell apart from a live one. Without ``/proc`` this is
+    :func:`group_alive`.
+    """
+    if not group_alive(pgid):
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # it exited while we looked
+        # After the command's name in parentheses: state, ppid, pgrp, ...
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
 def _signal(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
@@ -77,7 +103,7 @@ def stop(pgid: int, kill_after: float, until: float | None, owner: int) -> None:
 
 
 def watch(owner: int) -> None:
-    """Read pylease's lines on stdin until ``done``, the end of the group, or pylease's death."""
+    """Read pylease's lines on stdin until the end of the group or pylease's death."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     fd = sys.stdin.fileno()
@@ -100,8 +126,6 @@ def watch(owner: int) -> None:
         *lines, pending = pending.split(b"\n")
         for line in lines:
             word, *args = line.decode().split() or [""]
-            if word == "done":
-                return
             if word == "group":
                 pgid, kill_after = int(args[0]), float(args[1])
             elif word == "until":
