@@ -2292,8 +2292,8 @@ BEGIN
     members := 'member' = ANY (pylease_renew_held.kinds);
 
     -- Readers and semaphores, each kind in a statement of its own before the one below,
-    -- their answers kept in o_at (positions) and o_exp (expiries). A batch of leases
-    -- and members alone (a keeper's usual one) runs the statement below only.
+    -- their answers kept in o_exp (expiries, by position). A batch of leases and members
+    -- alone (a keeper's usual one) runs the statement below only.
     IF pylease_renew_held.kinds && '{shared,permit}'::text[] THEN
         -- Every lease row of the batch's leases and readers is locked FOR KEY SHARE, in
         -- name order (as in lease_renew_many), so that an exclusive grant comes either
@@ -2398,6 +2398,11 @@ BEGIN
             o_at := o_at || s_at;
             o_exp := o_exp || s_exp;
         END IF;
+        -- By position, for the statement below: o_exp[i] is element i's expiry.
+        o_exp := ARRAY(SELECT o.e
+                         FROM unnest(pylease_renew_held.names) WITH ORDINALITY AS u(n, i)
+                         LEFT JOIN unnest(o_at, o_exp) AS o(i, e) ON o.i = u.i
+                        ORDER BY u.i);
     END IF;
 
     -- Leases, as lease_renew_each, in their tenures (a lease named twice: at the longest
@@ -2453,8 +2458,7 @@ BEGIN
         ON w.k = 'lease' AND r.name = w.n AND r.holder = w.h AND (w.f IS NULL OR r.fence = w.f)
       LEFT JOIN kept AS m
         ON w.k = 'member' AND m.grp = w.n AND m.member = w.h AND (w.f IS NULL OR m.incarnation = w.f)
-      LEFT JOIN unnest(o_at, o_exp) AS o(i, e) ON o.i = w.i
-      CROSS JOIN LATERAL (SELECT coalesce(r.expires_at, m.expires_at, o.e) AS e) AS x
+      CROSS JOIN LATERAL (SELECT coalesce(r.expires_at, m.expires_at, o_exp[w.i]) AS e) AS x
      ORDER BY w.i;
 END
 $$;
