@@ -8,7 +8,7 @@
 --     before it (only when the batch has some), in the order of every statement that
 --     locks several rows: leases, then shares, then slots. The kinds are tested as
 --     whole arrays, without a query. Answers are unchanged, a lease named twice too.
--- depends: pylease-0019-shares
+-- depends: pylease-0020-first-readers
 
 DO $pin$
 BEGIN

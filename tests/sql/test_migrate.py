@@ -43,6 +43,7 @@ IDS = [
     "pylease-0017-permit-claim",
     "pylease-0018-renew-held",
     "pylease-0019-shares",
+    "pylease-0020-first-readers",
     "pylease-0022-renew-held-statement",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]

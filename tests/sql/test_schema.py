@@ -42,6 +42,7 @@ MIGRATIONS = [
     "pylease-0017-permit-claim",
     "pylease-0018-renew-held",
     "pylease-0019-shares",
+    "pylease-0020-first-readers",
     "pylease-0022-renew-held-statement",
 ]
 FUNCTIONS = (
