@@ -44,6 +44,7 @@ MIGRATIONS = [
     "pylease-0019-shares",
     "pylease-0020-first-readers",
     "pylease-0021-unwait",
+    "pylease-0022-renew-held-statement",
 ]
 FUNCTIONS = (
     "lease_claim",
