@@ -42,6 +42,9 @@ CREATE TABLE pylease_leases (
     release_requested_by text,
     -- Somebody watches the name (lease_watch): its changes notify (pylease_tell_watchers).
     watched     boolean     NOT NULL DEFAULT false,
+    -- A reader was granted the name once (pylease_claim_shared): only then may
+    -- pylease_shared hold its shares, and an exclusive grant look for them.
+    shared_seen boolean     NOT NULL DEFAULT false,
     CONSTRAINT pylease_leases_unclaimed CHECK (holder IS NOT NULL OR released)
 ) WITH (fillfactor = 50);
 
@@ -365,6 +368,19 @@ CREATE TRIGGER pylease_leases_register BEFORE INSERT ON pylease_leases
 
 -- Functions -------------------------------------------------------------------
 
+-- True when no unexpired share of this epoch of the name stands, as the caller's
+-- statement sees pylease_shared. A function, not a subquery, so that a statement that
+-- calls it only for some rows (pylease_claim's grant, for a name readers claimed) does
+-- not set up a scan of pylease_shared each time it runs.
+CREATE FUNCTION pylease_unshared(name text, epoch bigint, at timestamptz) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM pylease_shared AS s
+                        WHERE s.name = pylease_unshared.name AND s.epoch = pylease_unshared.epoch
+                          AND s.expires_at > pylease_unshared.at);
+END
+$$;
+
 -- The one body of a lease claim, lease_claim's and lease_claim_new's: the fence
 -- when granted, NULL when busy. new_tenure false (lease_claim): busy while another
 -- holder's unexpired lease stands; the holder the row still names continues its
@@ -392,6 +408,7 @@ DECLARE
     s_fence  bigint;
     s_freed  boolean;
     s_busy   boolean;
+    s_read   boolean;
     history  text;
 BEGIN
     -- One cheap test in the common case (a read-only transaction's too, as on a
@@ -499,11 +516,11 @@ BEGIN
                        takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
                  WHERE l.name = pylease_claim.name AND l.fence = s_fence AND l.released = s_freed
                    AND l.expires_at <= t_now
-                   -- Free of readers too (unexpired shares of its epoch).
-                   AND NOT EXISTS (SELECT FROM pylease_shared AS s
-                                    WHERE s.name = pylease_claim.name AND s.epoch = s_fence
-                                      AND s.expires_at > t_now)
-                RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+                   -- Free of readers too, once a reader was ever granted the name: one
+                   -- never read has no shares to look for.
+                   AND (NOT l.shared_seen OR pylease_unshared(pylease_claim.name, s_fence, t_now))
+                RETURNING l.fence, l.shared_seen, current_setting('pylease.history', true)
+                     INTO granted, s_read, history;
                 IF granted IS NULL THEN
                     -- Read by readers: busy, and nothing was written. (Otherwise the row
                     -- changed since it was read: look again.)
@@ -512,10 +529,13 @@ BEGIN
                                   AND s.expires_at > t_now) THEN
                         RETURN NULL;
                     END IF;
-                ELSE
+                ELSIF s_read THEN
                     -- A reader granted while the update waited for its row lock is seen
                     -- only now, by a statement of its own: then busy after all. The rows
                     -- of the name's readers go (they hold no longer once the fence moved).
+                    -- A name never read skips this: its first reader marks the row
+                    -- (shared_seen) while it holds it FOR KEY SHARE, so a grant after that
+                    -- reader sees the mark in the row version it replaces.
                     WITH gone AS (
                         DELETE FROM pylease_shared AS s WHERE s.name = pylease_claim.name
                         RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
@@ -1477,7 +1497,13 @@ DECLARE
     whole   boolean;
     start   integer;
     taken   integer[];
+    top     bigint;
     worn    integer;
+    slots   integer[];
+    fences  bigint[];
+    events  text[];
+    before  text[];
+    notable boolean;
     history text;
 BEGIN
     IF pylease_permit_claim.name IS NULL OR pylease_permit_claim.name = ''
@@ -1507,8 +1533,18 @@ BEGIN
     END IF;
 
     LOOP
-        SELECT n.kind, n.max_permits INTO s_kind, s_max
-          FROM pylease_names AS n WHERE n.name = pylease_permit_claim.name;
+        -- The name's kind and limit, and the slots this holder still holds: a retried
+        -- claim whose reply was lost gets them again; a new tenure is busy while any
+        -- of them is unexpired.
+        SELECT n.kind, n.max_permits, h.mine, h.live, h.whole
+          INTO s_kind, s_max, mine, live, whole
+          FROM pylease_names AS n,
+               LATERAL (SELECT count(*) AS mine, count(*) FILTER (WHERE p.expires_at > t_now) AS live,
+                               count(*) = min(p.permits) AND count(*) = max(p.permits) AS whole
+                          FROM pylease_permits AS p
+                         WHERE p.name = n.name AND p.holder = pylease_permit_claim.holder
+                           AND NOT p.released) AS h
+         WHERE n.name = pylease_permit_claim.name;
         EXIT WHEN FOUND;
         -- The first claim: the name becomes a semaphore, with a row per slot. A
         -- conflict means another first claim (of either kind) committed it first.
@@ -1529,14 +1565,6 @@ BEGIN
             pylease_permit_claim.max_permits, s_max USING ERRCODE = '22023', COLUMN = 'max_permits';
     END IF;
 
-    -- Still this holder's: a retried claim whose reply was lost gets its slots again;
-    -- a new tenure is busy while any of them is unexpired.
-    SELECT count(*), count(*) FILTER (WHERE p.expires_at > t_now),
-           count(*) = min(p.permits) AND count(*) = max(p.permits)
-      INTO mine, live, whole
-      FROM pylease_permits AS p
-     WHERE p.name = pylease_permit_claim.name AND p.holder = pylease_permit_claim.holder
-       AND NOT p.released;
     IF pylease_permit_claim.new_tenure THEN
         IF live > 0 THEN
             RETURN;
@@ -1574,8 +1602,8 @@ BEGIN
         -- One slot for a holder that has none: it is free and locked here, or the
         -- claim is busy having locked nothing (no write, nothing to give back), so no
         -- subtransaction is needed: it would cost the claim a sixth of its time.
-        SELECT array_agg(c.slot) INTO taken FROM (
-            SELECT p.slot FROM pylease_permits AS p
+        SELECT array_agg(c.slot), max(c.fence) INTO taken, top FROM (
+            SELECT p.slot, p.fence FROM pylease_permits AS p
              WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
                AND NOT EXISTS (SELECT FROM pylease_permits AS q
                                 WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
@@ -1599,8 +1627,8 @@ BEGIN
         -- Several slots, or a new tenure that ends the holder's earlier one: locks taken
         -- before the claim turns out busy are given back with the subtransaction.
         BEGIN
-            SELECT array_agg(c.slot) INTO taken FROM (
-                SELECT p.slot FROM pylease_permits AS p
+            SELECT array_agg(c.slot), max(c.fence) INTO taken, top FROM (
+                SELECT p.slot, p.fence FROM pylease_permits AS p
                  WHERE p.name = pylease_permit_claim.name AND p.slot < s_max
                    AND p.expires_at <= t_now
                    AND NOT EXISTS (SELECT FROM pylease_permits AS q
@@ -1630,16 +1658,18 @@ BEGIN
     IF history NOT IN ('', 'rare', 'all', 'none') THEN
         PERFORM pylease_refuse_history(history);
     END IF;
-    SELECT min(p.slot) INTO worn FROM pylease_permits AS p
-     WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
-       AND p.fence = 9223372036854775807;
-    IF worn IS NOT NULL THEN
+    -- The fences as locked (the rows' latest versions, read by the statement that
+    -- locked them).
+    IF top = 9223372036854775807 THEN
+        SELECT min(p.slot) INTO worn FROM pylease_permits AS p
+         WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken) AND p.fence = top;
         RAISE EXCEPTION 'pylease: semaphore % has used every fence of slot %: it cannot be granted again',
             quote_literal(pylease_permit_claim.name), worn USING ERRCODE = '54000';
     END IF;
     -- A fence floored by the timeline, as a lease's. The next grant of a slot freed
-    -- by permit_revoke from an unexpired holder is a steal.
-    RETURN QUERY
+    -- by permit_revoke from an unexpired holder is a steal. The history is written by
+    -- a statement of its own, only when it records something: an insert in this one
+    -- would cost every grant the setting up of pylease_events and its indexes.
     WITH old AS (
         SELECT p.slot, p.holder, p.fence, p.released, p.revoked FROM pylease_permits AS p
          WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
@@ -1664,14 +1694,24 @@ BEGIN
                   CASE WHEN o.revoked THEN 'stolen' WHEN o.fence = 0 OR o.released THEN 'claimed'
                        ELSE 'taken_over' END AS event,
                   CASE WHEN o.fence > 0 THEN o.holder END AS previous
-    ), recorded AS (
-        INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
-        SELECT t_now, pylease_permit_claim.name, g.event, pylease_permit_claim.holder, g.fence,
-               g.previous, g.slot
-          FROM granted AS g
-         WHERE history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND g.event <> 'claimed')
     )
-    SELECT g.slot, g.fence FROM granted AS g ORDER BY g.slot;
+    SELECT array_agg(g.slot ORDER BY g.slot), array_agg(g.fence ORDER BY g.slot),
+           array_agg(g.event ORDER BY g.slot), array_agg(g.previous ORDER BY g.slot),
+           bool_or(g.event <> 'claimed')
+      INTO slots, fences, events, before, notable
+      FROM granted AS g;
+    IF history = 'all' OR (notable AND coalesce(history, '') IN ('', 'rare')) THEN
+        INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
+        SELECT t_now, pylease_permit_claim.name, e.event, pylease_permit_claim.holder, e.fence,
+               e.previous, e.slot
+          FROM unnest(slots, fences, events, before) AS e(slot, fence, event, previous)
+         WHERE history = 'all' OR e.event <> 'claimed';
+    END IF;
+    FOR i IN 1 .. coalesce(cardinality(slots), 0) LOOP
+        slot := slots[i];
+        fence := fences[i];
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -1766,6 +1806,8 @@ DECLARE
     t_now   timestamptz;
     freed   bigint;
     whole   boolean;
+    slots   integer[];
+    fences  bigint[];
     history text;
     ignored text;
 BEGIN
@@ -1803,16 +1845,19 @@ BEGIN
           FROM tenure AS k
          WHERE p.name = permit_release.name AND p.slot = k.slot
         RETURNING p.slot, p.fence
-    ), recorded AS (
-        INSERT INTO pylease_events (at, name, event, holder, fence, slot)
-        SELECT t_now, permit_release.name, 'released', permit_release.holder, g.fence, g.slot
-          FROM given AS g
-         WHERE history = 'all'
     )
-    SELECT count(*), count(*) = min(k.permits) AND count(*) = max(k.permits)
-      INTO freed, whole FROM tenure AS k;
+    SELECT count(*), count(*) = min(k.permits) AND count(*) = max(k.permits),
+           (SELECT array_agg(g.slot ORDER BY g.slot) FROM given AS g),
+           (SELECT array_agg(g.fence ORDER BY g.slot) FROM given AS g)
+      INTO freed, whole, slots, fences FROM tenure AS k;
     IF freed = 0 THEN
         RETURN false;
+    ELSIF history = 'all' THEN
+        -- A statement of its own, only then: in the one above, an insert would cost
+        -- every release the setting up of pylease_events and its indexes.
+        INSERT INTO pylease_events (at, name, event, holder, fence, slot)
+        SELECT t_now, permit_release.name, 'released', permit_release.holder, g.fence, g.slot
+          FROM unnest(slots, fences) AS g(slot, fence);
     END IF;
     ignored := pg_notify('pylease', permit_release.name);
     RETURN whole;
@@ -2499,7 +2544,8 @@ COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigin
 -- exclusive grant, 0 if none), NULLs when an exclusive holder holds the name or a writer
 -- waits in the queue of waiting processes. A busy claim is answered by one read (no row
 -- lock, no WAL). A grant locks the lease row FOR KEY SHARE and writes only the reader's
--- own row, so readers never wait for each other. new_tenure false (lease_claim_shared):
+-- own row (the name's first reader also marks the lease row shared_seen, once), so
+-- readers never wait for each other but for that mark. new_tenure false (lease_claim_shared):
 -- a claim again by a reader of this epoch continues its share (its id, never an earlier
 -- expiry: a retried claim whose reply was lost). new_tenure true (for a holder the
 -- caller chose): busy while this holder's share of the epoch is unexpired (another
@@ -2520,6 +2566,7 @@ DECLARE
     s_expires timestamptz;
     s_mine    boolean;
     s_queued  boolean;
+    s_seen    boolean;
     s_share   integer;
     history   text;
 BEGIN
@@ -2564,9 +2611,9 @@ BEGIN
             -- The name's first claim: a row for readers to lock (no holder; its fence
             -- the floor, pylease_register_lease); a conflict: another first claim made it.
             INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
-                                             expires_at, released)
+                                             expires_at, released, shared_seen)
             VALUES (pylease_claim_shared.name, NULL, 0, pylease_claim_shared.ttl, t_now, t_now,
-                    t_now, true)
+                    t_now, true, true)
             ON CONFLICT DO NOTHING;
             CONTINUE;
         ELSIF s_expires > t_now OR (s_queued AND NOT s_mine)
@@ -2582,8 +2629,8 @@ BEGIN
             -- Locked FOR KEY SHARE, the row stays as read here until this transaction
             -- ends: no exclusive grant (it changes the fence, a key column) comes
             -- between, and the one that waits for this lock sees this reader.
-            SELECT l.holder, l.fence, l.released, l.expires_at
-              INTO s_holder, s_fence, s_freed, s_expires
+            SELECT l.holder, l.fence, l.released, l.expires_at, l.shared_seen
+              INTO s_holder, s_fence, s_freed, s_expires, s_seen
               FROM pylease_leases AS l
              WHERE l.name = pylease_claim_shared.name
                FOR KEY SHARE;
@@ -2597,8 +2644,9 @@ BEGIN
                 -- beside this reader. The one write of a reader to the row, counted and
                 -- recorded as the takeover it is; a renewal that came first wins.
                 UPDATE pylease_leases AS l
-                   SET released  = true,
-                       takeovers = l.takeovers + 1
+                   SET released    = true,
+                       takeovers   = l.takeovers + 1,
+                       shared_seen = true
                  WHERE l.name = pylease_claim_shared.name AND l.fence = s_fence
                    AND NOT l.released AND l.expires_at <= t_now;
                 IF NOT FOUND THEN
@@ -2612,6 +2660,12 @@ BEGIN
                 ELSIF history <> 'none' THEN
                     PERFORM pylease_refuse_history(history);
                 END IF;
+            ELSIF NOT s_seen THEN
+                -- The name's first reader marks the row, once: exclusive grants look for
+                -- shares only on a marked row (pylease_claim). A first reader at the same
+                -- time waits for this mark's commit, the only wait between readers.
+                UPDATE pylease_leases AS l SET shared_seen = true
+                 WHERE l.name = pylease_claim_shared.name AND NOT l.shared_seen;
             END IF;
             -- A retried claim of this epoch keeps its share (its id and acquired_at)
             -- and never moves its expiry earlier; a row of an earlier epoch is a share
@@ -2933,15 +2987,21 @@ $$;
 -- a row marked watched (lease_watch, pylease_mark_watched): an unwatched name's grants
 -- and releases call nothing: the trigger runs after the row (a BEFORE trigger would
 -- have every grant lock the old row version first) and its WHEN is checked without
--- calling a function. A row whose watchers all expired is unmarked by its next change,
--- without a NOTIFY.
+-- calling a function. That WHEN tests the mark alone: an update of a marked row that
+-- changed none of the columns (a retried claim) is told apart here, since a WHEN that
+-- compared them cost every grant and release of every name (its expression is built
+-- again by each statement). A row whose watchers all expired is unmarked by its next
+-- change, without a NOTIFY.
 -- Notifications of one name come in the order of its changes (each is a commit that
 -- waited for the previous one's row lock).
 CREATE FUNCTION pylease_tell_watchers() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    IF NOT EXISTS (SELECT FROM pylease_watchers AS w
-                    WHERE w.name = NEW.name AND w.expires_at > clock_timestamp()) THEN
+    IF TG_OP = 'UPDATE' AND OLD.fence = NEW.fence AND OLD.released = NEW.released
+       AND OLD.data IS NOT DISTINCT FROM NEW.data THEN
+        RETURN NULL;
+    ELSIF NOT EXISTS (SELECT FROM pylease_watchers AS w
+                       WHERE w.name = NEW.name AND w.expires_at > clock_timestamp()) THEN
         UPDATE pylease_leases AS l SET watched = false WHERE l.name = NEW.name AND l.watched;
     ELSE
         PERFORM pg_notify('pylease_holders', json_build_object(
@@ -2978,9 +3038,7 @@ CREATE TRIGGER pylease_leases_watched_insert AFTER INSERT ON pylease_leases
 -- Renewals never call it: they set none of these columns.
 CREATE TRIGGER pylease_leases_watched_update AFTER UPDATE OF fence, released, data
     ON pylease_leases
-    FOR EACH ROW WHEN (NEW.watched AND (OLD.fence IS DISTINCT FROM NEW.fence
-                                       OR OLD.released IS DISTINCT FROM NEW.released
-                                       OR OLD.data IS DISTINCT FROM NEW.data))
+    FOR EACH ROW WHEN (NEW.watched)
     EXECUTE FUNCTION pylease_tell_watchers();
 
 COMMENT ON FUNCTION lease_set_data(text, text, jsonb, bigint) IS
@@ -3432,6 +3490,8 @@ COMMENT ON FUNCTION lease_prune(interval) IS
     'pylease: delete the names (leases and semaphores) nobody has held for at least idle_for, with their counters; returns how many. Fences never go back.';
 COMMENT ON FUNCTION pylease_fence_floor(text) IS
     'pylease (internal): the highest fence a pruned name of this name''s bucket had, read under the bucket''s shared lock.';
+COMMENT ON FUNCTION pylease_unshared(text, bigint, timestamptz) IS
+    'pylease (internal): true when no unexpired share of this epoch of the name stands.';
 
 
 REVOKE ALL ON TABLE pylease_leases FROM PUBLIC;
@@ -3481,5 +3541,6 @@ REVOKE ALL ON TABLE pylease_watchers FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease_request_release(text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_tell_watchers() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_mark_watched() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_unshared(text, bigint, timestamptz) FROM PUBLIC;
 
 COMMIT;

@@ -42,6 +42,7 @@ MIGRATIONS = [
     "pylease-0017-permit-claim",
     "pylease-0018-renew-held",
     "pylease-0019-shares",
+    "pylease-0021-lean-paths",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -140,6 +141,7 @@ HELPERS = (
     "pylease_release_shared",
     "pylease_tell_watchers",
     "pylease_mark_watched",
+    "pylease_unshared",
 )
 # The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
 WAITING_CLAIMS = (

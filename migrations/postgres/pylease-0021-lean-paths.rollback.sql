@@ -1,0 +1,644 @@
+-- Undo pylease 0021: pylease_claim, pylease_claim_shared, pylease_tell_watchers,
+-- pylease_permit_claim and permit_release as pylease-0019-shares left them; the watched
+-- trigger's WHEN comparing the columns again; no shared_seen, no pylease_unshared.
+
+DO $pin$
+BEGIN
+    PERFORM set_config('search_path', quote_ident(current_schema()) || ', pg_temp', true);
+END
+$pin$;
+
+CREATE OR REPLACE FUNCTION pylease_claim(name text, ttl interval, holder text, new_tenure boolean,
+                              data jsonb)
+RETURNS bigint
+-- A takeover waits at most lock_timeout for a holder's open fenced transaction
+-- (lease_holds locks the row FOR KEY SHARE), then counts as busy.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
+#variable_conflict use_column
+DECLARE
+    t_now    timestamptz := clock_timestamp();
+    granted  bigint;
+    s_holder text;
+    s_fence  bigint;
+    s_freed  boolean;
+    s_busy   boolean;
+    history  text;
+BEGIN
+    -- One cheap test in the common case (a read-only transaction's too, as on a
+    -- standby); the checks that raise run only when it fails.
+    IF pylease_claim.name IS NULL OR pylease_claim.name = '' OR length(pylease_claim.name) > 200
+       OR pylease_claim.ttl IS NULL OR NOT isfinite(pylease_claim.ttl)
+       OR pylease_claim.ttl <= interval '0' OR pylease_claim.ttl > interval '366 days'
+       OR pylease_claim.holder IS NULL OR pylease_claim.holder = ''
+       OR length(pylease_claim.holder) > 200 OR pylease_claim.new_tenure IS NULL
+       -- Data as text is at most 6 characters a byte of jsonb (an escaped control
+       -- character): only larger data pays for the text.
+       OR (pg_column_size(pylease_claim.data) > 1024 AND length(pylease_claim.data::text) > 8192)
+       OR current_setting('transaction_read_only') = 'on'
+    THEN
+        PERFORM pylease_check_key('name', pylease_claim.name);
+        PERFORM pylease_check_ttl('ttl', pylease_claim.ttl);
+        PERFORM pylease_check_key('holder', pylease_claim.holder);
+        PERFORM pylease_check_data(pylease_claim.data);
+        IF pylease_claim.new_tenure IS NULL THEN
+            RAISE EXCEPTION 'pylease: new_tenure must not be NULL'
+                USING ERRCODE = '22023', COLUMN = 'new_tenure';
+        END IF;
+        IF pg_is_in_recovery() THEN
+            PERFORM pylease_refuse_standby(CASE WHEN pylease_claim.new_tenure
+                                                THEN 'lease_claim_new' ELSE 'lease_claim' END);
+        END IF;
+        -- Even a busy answer would be wrong here: nothing could ever be granted.
+        PERFORM pylease_refuse_read_only(CASE WHEN pylease_claim.new_tenure
+                                              THEN 'lease_claim_new' ELSE 'lease_claim' END);
+    END IF;
+
+    LOOP
+        -- Busy: unexpired (or resting after a min_hold release) and not ours; for a
+        -- new tenure, whoever holds it.
+        SELECT l.holder, l.fence, l.released,
+               l.expires_at > t_now
+               AND (pylease_claim.new_tenure OR l.released OR l.holder <> pylease_claim.holder)
+          INTO s_holder, s_fence, s_freed, s_busy
+          FROM pylease_leases AS l
+         WHERE l.name = pylease_claim.name;
+        IF s_busy THEN
+            RETURN NULL;
+        ELSIF s_fence IS NULL THEN
+            -- A first claim of the name; a conflict means another claimer created it first.
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, grants, data)
+            VALUES (pylease_claim.name, pylease_claim.holder,
+                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
+                    pylease_claim.ttl, t_now, t_now, t_now + pylease_claim.ttl, 1, pylease_claim.data)
+            ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
+            RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+            IF history IS NULL OR history IN ('', 'rare', 'none') THEN
+                RETURN granted;
+            ELSIF history = 'all' THEN
+                INSERT INTO pylease_events (at, name, event, holder, fence)
+                VALUES (t_now, pylease_claim.name, 'claimed', pylease_claim.holder, granted);
+                RETURN granted;
+            END IF;
+            PERFORM pylease_refuse_history(history);
+        ELSIF NOT s_freed AND s_holder = pylease_claim.holder AND NOT pylease_claim.new_tenure THEN
+            -- Still ours: a retried claim whose reply was lost keeps its fence
+            -- instead of looking busy. Never earlier, as a renewal: another session
+            -- of this holder must not cut short what the owner was granted.
+            UPDATE pylease_leases AS l
+               SET ttl        = pylease_claim.ttl,
+                   renewed_at = t_now,
+                   expires_at = greatest(l.expires_at, t_now + pylease_claim.ttl),
+                   -- The tenure's data, unless this claim gives some (a retried
+                   -- claim gives what the lost one gave).
+                   data       = coalesce(pylease_claim.data, l.data)
+             WHERE l.name = pylease_claim.name AND l.fence = s_fence
+               AND l.holder = pylease_claim.holder AND NOT l.released
+            RETURNING l.fence INTO granted;
+            IF granted IS NOT NULL THEN
+                RETURN granted;
+            END IF;
+        ELSIF s_fence = 9223372036854775807 THEN
+            RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
+                quote_literal(pylease_claim.name), s_fence USING ERRCODE = '54000';
+        ELSE
+            -- Free (released, or expired: a takeover). The fence is floored by the
+            -- timeline WAL is written on, so a promoted standby never reissues the
+            -- old primary's fences. The setting is read by the same statement.
+            -- A statement_timeout (a role's, a database's) shorter than this wait
+            -- would cancel the claim, an error, before the wait counts as busy: the
+            -- wait takes at most half of the statement's time.
+            IF current_setting('statement_timeout') <> '0' THEN
+                PERFORM set_config('lock_timeout', least(2000, greatest(1, (500 * extract(epoch
+                    FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
+            END IF;
+            BEGIN
+                UPDATE pylease_leases AS l
+                   SET fence       = greatest(s_fence + 1,
+                        ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+                       acquired_at = t_now,
+                       holder      = pylease_claim.holder,
+                       ttl         = pylease_claim.ttl,
+                       renewed_at  = t_now,
+                       expires_at  = t_now + pylease_claim.ttl,
+                       released    = false,
+                       -- A new tenure: its own data (NULL unless given), no request.
+                       data        = pylease_claim.data,
+                       release_requested_by = NULL,
+                       grants      = l.grants + 1,
+                       takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
+                 WHERE l.name = pylease_claim.name AND l.fence = s_fence AND l.released = s_freed
+                   AND l.expires_at <= t_now
+                   -- Free of readers too (unexpired shares of its epoch).
+                   AND NOT EXISTS (SELECT FROM pylease_shared AS s
+                                    WHERE s.name = pylease_claim.name AND s.epoch = s_fence
+                                      AND s.expires_at > t_now)
+                RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+                IF granted IS NULL THEN
+                    -- Read by readers: busy, and nothing was written. (Otherwise the row
+                    -- changed since it was read: look again.)
+                    IF EXISTS (SELECT FROM pylease_shared AS s
+                                WHERE s.name = pylease_claim.name AND s.epoch = s_fence
+                                  AND s.expires_at > t_now) THEN
+                        RETURN NULL;
+                    END IF;
+                ELSE
+                    -- A reader granted while the update waited for its row lock is seen
+                    -- only now, by a statement of its own: then busy after all. The rows
+                    -- of the name's readers go (they hold no longer once the fence moved).
+                    WITH gone AS (
+                        DELETE FROM pylease_shared AS s WHERE s.name = pylease_claim.name
+                        RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
+                    )
+                    SELECT coalesce(bool_or(g.live), false) INTO s_busy FROM gone AS g;
+                    IF s_busy THEN
+                        RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+                    END IF;
+                END IF;
+            EXCEPTION WHEN lock_not_available OR SQLSTATE 'PLBSY' THEN
+                -- The previous holder's fenced transaction is still open, or a reader
+                -- came first: not ours yet.
+                RETURN NULL;
+            END;
+            IF granted IS NOT NULL THEN
+                -- The default records only takeovers: a claim after a release writes nothing more.
+                IF history IS NULL OR history IN ('', 'rare') THEN
+                    IF s_freed THEN
+                        RETURN granted;
+                    END IF;
+                ELSIF history = 'none' THEN
+                    RETURN granted;
+                ELSIF history <> 'all' THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+                INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+                VALUES (t_now, pylease_claim.name,
+                        CASE WHEN s_freed THEN 'claimed' ELSE 'taken_over' END,
+                        pylease_claim.holder, granted, s_holder);
+                RETURN granted;
+            END IF;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pylease_claim_shared(name text, ttl interval, holder text, new_tenure boolean,
+                                     OUT epoch bigint, OUT share integer)
+-- Waits at most lock_timeout for the lease row (an exclusive grant under way, or the
+-- exclusive holder's renewal), then counts as busy.
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
+#variable_conflict use_column
+DECLARE
+    t_now     timestamptz := clock_timestamp();
+    s_holder  text;
+    s_fence   bigint;
+    s_freed   boolean;
+    s_expires timestamptz;
+    s_mine    boolean;
+    s_queued  boolean;
+    s_share   integer;
+    history   text;
+BEGIN
+    IF pylease_claim_shared.name IS NULL OR pylease_claim_shared.name = ''
+       OR length(pylease_claim_shared.name) > 200
+       OR pylease_claim_shared.ttl IS NULL OR NOT isfinite(pylease_claim_shared.ttl)
+       OR pylease_claim_shared.ttl <= interval '0' OR pylease_claim_shared.ttl > interval '366 days'
+       OR pylease_claim_shared.holder IS NULL OR pylease_claim_shared.holder = ''
+       OR length(pylease_claim_shared.holder) > 200 OR pylease_claim_shared.new_tenure IS NULL
+       OR current_setting('transaction_read_only') = 'on'
+    THEN
+        PERFORM pylease_check_key('name', pylease_claim_shared.name);
+        PERFORM pylease_check_ttl('ttl', pylease_claim_shared.ttl);
+        PERFORM pylease_check_key('holder', pylease_claim_shared.holder);
+        IF pylease_claim_shared.new_tenure IS NULL THEN
+            RAISE EXCEPTION 'pylease: new_tenure must not be NULL'
+                USING ERRCODE = '22023', COLUMN = 'new_tenure';
+        END IF;
+        IF pg_is_in_recovery() THEN
+            PERFORM pylease_refuse_standby('lease_claim_shared');
+        END IF;
+        PERFORM pylease_refuse_read_only('lease_claim_shared');
+    END IF;
+
+    LOOP
+        -- Busy, decided by one read (no row lock, no WAL): an exclusive holder whose
+        -- lease is unexpired (or resting after a min_hold release), or a writer
+        -- waiting in the queue of waiting processes (writer preference), unless this
+        -- holder reads the name already (a retried claim); for a new tenure, this
+        -- holder's unexpired share of the epoch too.
+        SELECT l.holder, l.fence, l.released, l.expires_at,
+               EXISTS (SELECT FROM pylease_shared AS s
+                        WHERE s.name = l.name AND s.holder = pylease_claim_shared.holder
+                          AND s.epoch = l.fence
+                          AND (NOT pylease_claim_shared.new_tenure OR s.expires_at > t_now)),
+               EXISTS (SELECT FROM pylease_waiters AS w
+                        WHERE w.name = l.name AND w.expires_at > t_now)
+          INTO s_holder, s_fence, s_freed, s_expires, s_mine, s_queued
+          FROM pylease_leases AS l
+         WHERE l.name = pylease_claim_shared.name;
+        IF NOT FOUND THEN
+            -- The name's first claim: a row for readers to lock (no holder; its fence
+            -- the floor, pylease_register_lease); a conflict: another first claim made it.
+            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                             expires_at, released)
+            VALUES (pylease_claim_shared.name, NULL, 0, pylease_claim_shared.ttl, t_now, t_now,
+                    t_now, true)
+            ON CONFLICT DO NOTHING;
+            CONTINUE;
+        ELSIF s_expires > t_now OR (s_queued AND NOT s_mine)
+              OR (s_mine AND pylease_claim_shared.new_tenure) THEN
+            RETURN;
+        END IF;
+
+        IF current_setting('statement_timeout') <> '0' THEN
+            PERFORM set_config('lock_timeout', least(2000, greatest(1, (500 * extract(epoch
+                FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
+        END IF;
+        BEGIN
+            -- Locked FOR KEY SHARE, the row stays as read here until this transaction
+            -- ends: no exclusive grant (it changes the fence, a key column) comes
+            -- between, and the one that waits for this lock sees this reader.
+            SELECT l.holder, l.fence, l.released, l.expires_at
+              INTO s_holder, s_fence, s_freed, s_expires
+              FROM pylease_leases AS l
+             WHERE l.name = pylease_claim_shared.name
+               FOR KEY SHARE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'PLAGN';  -- pruned meanwhile
+            ELSIF s_expires > t_now THEN
+                RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+            ELSIF NOT s_freed THEN
+                -- The exclusive holder died (its ttl ran out without a release): the row
+                -- is marked released, so that its late renewal cannot make it hold again
+                -- beside this reader. The one write of a reader to the row, counted and
+                -- recorded as the takeover it is; a renewal that came first wins.
+                UPDATE pylease_leases AS l
+                   SET released  = true,
+                       takeovers = l.takeovers + 1
+                 WHERE l.name = pylease_claim_shared.name AND l.fence = s_fence
+                   AND NOT l.released AND l.expires_at <= t_now;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION USING ERRCODE = 'PLAGN';
+                END IF;
+                history := current_setting('pylease.history', true);
+                IF history IS NULL OR history IN ('', 'rare', 'all') THEN
+                    INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder)
+                    VALUES (t_now, pylease_claim_shared.name, 'taken_over',
+                            pylease_claim_shared.holder, s_fence, s_holder);
+                ELSIF history <> 'none' THEN
+                    PERFORM pylease_refuse_history(history);
+                END IF;
+            END IF;
+            -- A retried claim of this epoch keeps its share (its id and acquired_at)
+            -- and never moves its expiry earlier; a row of an earlier epoch is a share
+            -- that was lost, and a new tenure's is a new share (the id the insert drew).
+            -- A new tenure's claim that meets this holder's unexpired share of the epoch
+            -- (another claim of it committed meanwhile) changes nothing and is busy.
+            INSERT INTO pylease_shared AS s (name, holder, epoch, ttl, acquired_at, renewed_at,
+                                             expires_at)
+            VALUES (pylease_claim_shared.name, pylease_claim_shared.holder, s_fence,
+                    pylease_claim_shared.ttl, t_now, t_now, t_now + pylease_claim_shared.ttl)
+            ON CONFLICT (name, holder) DO UPDATE
+               SET acquired_at = CASE WHEN s.epoch = excluded.epoch AND NOT pylease_claim_shared.new_tenure
+                                      THEN s.acquired_at ELSE excluded.acquired_at END,
+                   expires_at  = CASE WHEN s.epoch = excluded.epoch AND NOT pylease_claim_shared.new_tenure
+                                      THEN greatest(s.expires_at, excluded.expires_at)
+                                      ELSE excluded.expires_at END,
+                   share       = CASE WHEN s.epoch = excluded.epoch AND NOT pylease_claim_shared.new_tenure
+                                      THEN s.share ELSE excluded.share END,
+                   epoch       = excluded.epoch,
+                   ttl         = excluded.ttl,
+                   renewed_at  = excluded.renewed_at
+             WHERE NOT (pylease_claim_shared.new_tenure AND s.epoch = excluded.epoch
+                        AND s.expires_at > t_now)
+            RETURNING s.share INTO s_share;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+            END IF;
+        EXCEPTION
+            WHEN lock_not_available OR SQLSTATE 'PLBSY' THEN
+                RETURN;
+            WHEN SQLSTATE 'PLAGN' THEN
+                CONTINUE;  -- the row changed since it was read: decide again
+        END;
+        IF NOT s_mine THEN
+            history := current_setting('pylease.history', true);
+            IF history = 'all' THEN
+                INSERT INTO pylease_events (at, name, event, holder, fence)
+                VALUES (t_now, pylease_claim_shared.name, 'claimed', pylease_claim_shared.holder,
+                        s_fence);
+            ELSIF history IS NOT NULL AND history NOT IN ('', 'rare', 'none') THEN
+                PERFORM pylease_refuse_history(history);
+            END IF;
+        END IF;
+        epoch := s_fence;
+        share := s_share;
+        RETURN;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pylease_tell_watchers() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pylease_watchers AS w
+                    WHERE w.name = NEW.name AND w.expires_at > clock_timestamp()) THEN
+        UPDATE pylease_leases AS l SET watched = false WHERE l.name = NEW.name AND l.watched;
+    ELSE
+        PERFORM pg_notify('pylease_holders', json_build_object(
+            'name', NEW.name, 'fence', NEW.fence,
+            'holder', CASE WHEN NEW.released THEN NULL ELSE NEW.holder END,
+            'event', CASE WHEN NEW.released THEN 'released'
+                          WHEN TG_OP = 'INSERT' OR OLD.fence <> NEW.fence OR OLD.released
+                          THEN 'granted' ELSE 'data' END,
+            'acquired_at', NEW.acquired_at, 'expires_at', NEW.expires_at,
+            'ttl', extract(epoch FROM NEW.ttl))::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pylease_permit_claim(name text, max_permits integer, ttl interval, holder text,
+                                     permits integer, new_tenure boolean)
+RETURNS TABLE(slot integer, fence bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
+#variable_conflict use_column
+DECLARE
+    t_now   timestamptz := clock_timestamp();
+    s_kind  text;
+    s_max   integer;
+    mine    integer;
+    live    integer;
+    whole   boolean;
+    start   integer;
+    taken   integer[];
+    worn    integer;
+    history text;
+BEGIN
+    IF pylease_permit_claim.name IS NULL OR pylease_permit_claim.name = ''
+       OR length(pylease_permit_claim.name) > 200
+       OR pylease_permit_claim.max_permits IS NULL OR pylease_permit_claim.max_permits < 1
+       OR pylease_permit_claim.max_permits > 10000
+       OR pylease_permit_claim.ttl IS NULL OR NOT isfinite(pylease_permit_claim.ttl)
+       OR pylease_permit_claim.ttl <= interval '0' OR pylease_permit_claim.ttl > interval '366 days'
+       OR pylease_permit_claim.holder IS NULL OR pylease_permit_claim.holder = ''
+       OR length(pylease_permit_claim.holder) > 200
+       OR pylease_permit_claim.permits IS NULL OR pylease_permit_claim.permits < 1
+       OR pylease_permit_claim.permits > pylease_permit_claim.max_permits
+       OR pylease_permit_claim.new_tenure IS NULL OR pg_is_in_recovery()
+    THEN
+        PERFORM pylease_check_key('name', pylease_permit_claim.name);
+        PERFORM pylease_check_count('max_permits', pylease_permit_claim.max_permits, 10000, '10000');
+        PERFORM pylease_check_ttl('ttl', pylease_permit_claim.ttl);
+        PERFORM pylease_check_key('holder', pylease_permit_claim.holder);
+        PERFORM pylease_check_count('permits', pylease_permit_claim.permits,
+                                    pylease_permit_claim.max_permits, 'max_permits');
+        IF pylease_permit_claim.new_tenure IS NULL THEN
+            RAISE EXCEPTION 'pylease: new_tenure must not be NULL'
+                USING ERRCODE = '22023', COLUMN = 'new_tenure';
+        END IF;
+        PERFORM pylease_refuse_standby(CASE WHEN pylease_permit_claim.new_tenure
+                                            THEN 'permit_claim_new' ELSE 'permit_claim' END);
+    END IF;
+
+    LOOP
+        SELECT n.kind, n.max_permits INTO s_kind, s_max
+          FROM pylease_names AS n WHERE n.name = pylease_permit_claim.name;
+        EXIT WHEN FOUND;
+        -- The first claim: the name becomes a semaphore, with a row per slot. A
+        -- conflict means another first claim (of either kind) committed it first.
+        INSERT INTO pylease_names AS n (name, kind, max_permits)
+        VALUES (pylease_permit_claim.name, 'semaphore', pylease_permit_claim.max_permits)
+        ON CONFLICT (name) DO NOTHING;
+        IF FOUND THEN
+            INSERT INTO pylease_permits AS p (name, slot)
+            SELECT pylease_permit_claim.name, s.i
+              FROM generate_series(0, pylease_permit_claim.max_permits - 1) AS s(i);
+        END IF;
+    END LOOP;
+    IF s_kind <> 'semaphore' THEN
+        RAISE EXCEPTION 'pylease: name is a lease, not a semaphore'
+            USING ERRCODE = '22023', COLUMN = 'name';
+    ELSIF s_max <> pylease_permit_claim.max_permits THEN
+        RAISE EXCEPTION 'pylease: max_permits % differs from the limit % of this semaphore',
+            pylease_permit_claim.max_permits, s_max USING ERRCODE = '22023', COLUMN = 'max_permits';
+    END IF;
+
+    -- Still this holder's: a retried claim whose reply was lost gets its slots again;
+    -- a new tenure is busy while any of them is unexpired.
+    SELECT count(*), count(*) FILTER (WHERE p.expires_at > t_now),
+           count(*) = min(p.permits) AND count(*) = max(p.permits)
+      INTO mine, live, whole
+      FROM pylease_permits AS p
+     WHERE p.name = pylease_permit_claim.name AND p.holder = pylease_permit_claim.holder
+       AND NOT p.released;
+    IF pylease_permit_claim.new_tenure THEN
+        IF live > 0 THEN
+            RETURN;
+        END IF;
+    ELSIF mine > 0 THEN
+        IF mine <> pylease_permit_claim.permits OR NOT whole THEN
+            RAISE EXCEPTION 'pylease: permits must be as many as this holder already holds of this semaphore (release them first)'
+                USING ERRCODE = '22023', COLUMN = 'permits';
+        END IF;
+        -- Locked in slot order, as by every statement that locks several slots; a slot
+        -- taken meanwhile drops out, and then nothing is extended.
+        RETURN QUERY
+        WITH locked AS (
+            SELECT p.slot FROM pylease_permits AS p
+             WHERE p.name = pylease_permit_claim.name AND p.holder = pylease_permit_claim.holder
+               AND NOT p.released
+             ORDER BY p.slot
+               FOR NO KEY UPDATE OF p
+        ), extended AS (
+            UPDATE pylease_permits AS p
+               SET ttl        = pylease_permit_claim.ttl,
+                   renewed_at = t_now,
+                   expires_at = greatest(p.expires_at, t_now + pylease_permit_claim.ttl)
+              FROM locked AS k
+             WHERE p.name = pylease_permit_claim.name AND p.slot = k.slot
+               AND (SELECT count(*) FROM locked) = pylease_permit_claim.permits
+            RETURNING p.slot, p.fence
+        )
+        SELECT e.slot, e.fence FROM extended AS e ORDER BY e.slot;
+        RETURN;
+    END IF;
+
+    start := ((hashtext(pylease_permit_claim.holder) % s_max) + s_max) % s_max;
+    IF pylease_permit_claim.permits = 1 AND mine = 0 THEN
+        -- One slot for a holder that has none: it is free and locked here, or the
+        -- claim is busy having locked nothing (no write, nothing to give back), so no
+        -- subtransaction is needed: it would cost the claim a sixth of its time.
+        SELECT array_agg(c.slot) INTO taken FROM (
+            SELECT p.slot FROM pylease_permits AS p
+             WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
+               AND NOT EXISTS (SELECT FROM pylease_permits AS q
+                                WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
+                                  AND q.slot % s_max = p.slot AND q.expires_at > t_now)
+             ORDER BY (p.slot - start + s_max) % s_max
+             LIMIT 1
+               FOR UPDATE OF p SKIP LOCKED) AS c;
+        IF taken IS NULL THEN
+            RETURN;
+        END IF;
+    ELSE
+        -- Busy: fewer than permits slots free. Reads only.
+        IF (SELECT count(*) FROM pylease_permits AS p
+             WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
+               AND NOT EXISTS (SELECT FROM pylease_permits AS q
+                                WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
+                                  AND q.slot % s_max = p.slot AND q.expires_at > t_now)
+           ) < pylease_permit_claim.permits THEN
+            RETURN;
+        END IF;
+        -- Several slots, or a new tenure that ends the holder's earlier one: locks taken
+        -- before the claim turns out busy are given back with the subtransaction.
+        BEGIN
+            SELECT array_agg(c.slot) INTO taken FROM (
+                SELECT p.slot FROM pylease_permits AS p
+                 WHERE p.name = pylease_permit_claim.name AND p.slot < s_max
+                   AND p.expires_at <= t_now
+                   AND NOT EXISTS (SELECT FROM pylease_permits AS q
+                                    WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
+                                      AND q.slot % s_max = p.slot AND q.expires_at > t_now)
+                 ORDER BY (p.slot - start + s_max) % s_max
+                 LIMIT pylease_permit_claim.permits
+                   FOR UPDATE OF p SKIP LOCKED) AS c;
+            IF coalesce(cardinality(taken), 0) < pylease_permit_claim.permits THEN
+                -- Other claimers took the slots meanwhile: give back the ones locked here.
+                RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+            END IF;
+            IF mine > 0 THEN
+                -- A new tenure: the holder's expired slots not taken again end with the
+                -- earlier one (a slot another transaction keeps locked past lock_timeout,
+                -- a renewal or release of the earlier one, makes the claim busy).
+                UPDATE pylease_permits AS p SET released = true
+                 WHERE p.name = pylease_permit_claim.name
+                   AND p.holder = pylease_permit_claim.holder
+                   AND NOT p.released AND p.slot <> ALL (taken);
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PLBSY' OR lock_not_available OR deadlock_detected THEN
+            RETURN;
+        END;
+    END IF;
+    history := current_setting('pylease.history', true);
+    IF history NOT IN ('', 'rare', 'all', 'none') THEN
+        PERFORM pylease_refuse_history(history);
+    END IF;
+    SELECT min(p.slot) INTO worn FROM pylease_permits AS p
+     WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
+       AND p.fence = 9223372036854775807;
+    IF worn IS NOT NULL THEN
+        RAISE EXCEPTION 'pylease: semaphore % has used every fence of slot %: it cannot be granted again',
+            quote_literal(pylease_permit_claim.name), worn USING ERRCODE = '54000';
+    END IF;
+    -- A fence floored by the timeline, as a lease's. The next grant of a slot freed
+    -- by permit_revoke from an unexpired holder is a steal.
+    RETURN QUERY
+    WITH old AS (
+        SELECT p.slot, p.holder, p.fence, p.released, p.revoked FROM pylease_permits AS p
+         WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
+    ), granted AS (
+        UPDATE pylease_permits AS p
+           SET fence       = greatest(p.fence + 1,
+                ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+               holder      = pylease_permit_claim.holder,
+               permits     = pylease_permit_claim.permits,
+               ttl         = pylease_permit_claim.ttl,
+               acquired_at = t_now,
+               renewed_at  = t_now,
+               expires_at  = t_now + pylease_permit_claim.ttl,
+               released    = false,
+               revoked     = false,
+               grants      = p.grants + 1,
+               takeovers   = p.takeovers + CASE WHEN o.fence > 0 AND NOT o.released THEN 1 ELSE 0 END,
+               steals      = p.steals + CASE WHEN o.revoked THEN 1 ELSE 0 END
+          FROM old AS o
+         WHERE p.name = pylease_permit_claim.name AND p.slot = o.slot
+        RETURNING p.slot, p.fence,
+                  CASE WHEN o.revoked THEN 'stolen' WHEN o.fence = 0 OR o.released THEN 'claimed'
+                       ELSE 'taken_over' END AS event,
+                  CASE WHEN o.fence > 0 THEN o.holder END AS previous
+    ), recorded AS (
+        INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
+        SELECT t_now, pylease_permit_claim.name, g.event, pylease_permit_claim.holder, g.fence,
+               g.previous, g.slot
+          FROM granted AS g
+         WHERE history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND g.event <> 'claimed')
+    )
+    SELECT g.slot, g.fence FROM granted AS g ORDER BY g.slot;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION permit_release(name text, holder text, slot integer, fence bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    t_now   timestamptz;
+    freed   bigint;
+    whole   boolean;
+    history text;
+    ignored text;
+BEGIN
+    IF permit_release.name IS NULL OR permit_release.name = '' OR length(permit_release.name) > 200
+       OR permit_release.holder IS NULL OR permit_release.holder = ''
+       OR length(permit_release.holder) > 200 OR pg_is_in_recovery()
+    THEN
+        PERFORM pylease_check_key('name', permit_release.name);
+        PERFORM pylease_check_key('holder', permit_release.holder);
+        PERFORM pylease_refuse_standby('permit_release');
+    END IF;
+    ignored := CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+                    THEN set_config('synchronous_commit', 'off', true) END;
+    history := current_setting('pylease.history', true);
+    IF history NOT IN ('', 'rare', 'all', 'none') THEN
+        PERFORM pylease_refuse_history(history);
+    END IF;
+
+    t_now := clock_timestamp();
+    WITH locked AS (
+        SELECT p.slot, p.permits, p.fence FROM pylease_permits AS p
+         WHERE p.name = permit_release.name AND p.holder = permit_release.holder AND NOT p.released
+         ORDER BY p.slot
+           FOR NO KEY UPDATE OF p
+    ), tenure AS (
+        SELECT k.slot, k.permits FROM locked AS k
+         WHERE EXISTS (SELECT FROM locked AS m
+                        WHERE (permit_release.slot IS NULL OR m.slot = permit_release.slot)
+                          AND (permit_release.fence IS NULL OR m.fence = permit_release.fence))
+    ), given AS (
+        UPDATE pylease_permits AS p
+           SET released   = true,
+               expires_at = t_now,
+               releases   = p.releases + 1
+          FROM tenure AS k
+         WHERE p.name = permit_release.name AND p.slot = k.slot
+        RETURNING p.slot, p.fence
+    ), recorded AS (
+        INSERT INTO pylease_events (at, name, event, holder, fence, slot)
+        SELECT t_now, permit_release.name, 'released', permit_release.holder, g.fence, g.slot
+          FROM given AS g
+         WHERE history = 'all'
+    )
+    SELECT count(*), count(*) = min(k.permits) AND count(*) = max(k.permits)
+      INTO freed, whole FROM tenure AS k;
+    IF freed = 0 THEN
+        RETURN false;
+    END IF;
+    ignored := pg_notify('pylease', permit_release.name);
+    RETURN whole;
+END
+$$;
+
+DROP TRIGGER pylease_leases_watched_update ON pylease_leases;
+-- Renewals never call it: they set none of these columns.
+CREATE TRIGGER pylease_leases_watched_update AFTER UPDATE OF fence, released, data
+    ON pylease_leases
+    FOR EACH ROW WHEN (NEW.watched AND (OLD.fence IS DISTINCT FROM NEW.fence
+                                       OR OLD.released IS DISTINCT FROM NEW.released
+                                       OR OLD.data IS DISTINCT FROM NEW.data))
+    EXECUTE FUNCTION pylease_tell_watchers();
+
+DROP FUNCTION pylease_unshared(text, bigint, timestamptz);
+ALTER TABLE pylease_leases DROP COLUMN shared_seen;
