@@ -1,6 +1,7 @@
 -- Undo pylease 0021: pylease_claim, pylease_claim_shared, pylease_tell_watchers,
 -- pylease_permit_claim and permit_release as pylease-0019-shares left them; the watched
--- trigger's WHEN comparing the columns again; no shared_seen, no pylease_unshared.
+-- trigger's WHEN comparing the columns again; VOLATILE set-returning wrappers; no
+-- shared_seen, no pylease_unshared.
 
 DO $pin$
 BEGIN
@@ -225,7 +226,9 @@ BEGIN
         -- lease is unexpired (or resting after a min_hold release), or a writer
         -- waiting in the queue of waiting processes (writer preference), unless this
         -- holder reads the name already (a retried claim); for a new tenure, this
-        -- holder's unexpired share of the epoch too.
+        -- holder's unexpired share of the epoch too. A row that no writer was ever
+        -- granted (no holder) holds nothing: it expires at the start of the first
+        -- claim that made it, which may come after this claim's start.
         SELECT l.holder, l.fence, l.released, l.expires_at,
                EXISTS (SELECT FROM pylease_shared AS s
                         WHERE s.name = l.name AND s.holder = pylease_claim_shared.holder
@@ -245,7 +248,7 @@ BEGIN
                     t_now, true)
             ON CONFLICT DO NOTHING;
             CONTINUE;
-        ELSIF s_expires > t_now OR (s_queued AND NOT s_mine)
+        ELSIF (s_holder IS NOT NULL AND s_expires > t_now) OR (s_queued AND NOT s_mine)
               OR (s_mine AND pylease_claim_shared.new_tenure) THEN
             RETURN;
         END IF;
@@ -265,7 +268,7 @@ BEGIN
                FOR KEY SHARE;
             IF NOT FOUND THEN
                 RAISE EXCEPTION USING ERRCODE = 'PLAGN';  -- pruned meanwhile
-            ELSIF s_expires > t_now THEN
+            ELSIF s_holder IS NOT NULL AND s_expires > t_now THEN
                 RAISE EXCEPTION USING ERRCODE = 'PLBSY';
             ELSIF NOT s_freed THEN
                 -- The exclusive holder died (its ttl ran out without a release): the row
@@ -642,3 +645,10 @@ CREATE TRIGGER pylease_leases_watched_update AFTER UPDATE OF fence, released, da
 
 DROP FUNCTION pylease_unshared(text, bigint, timestamptz);
 ALTER TABLE pylease_leases DROP COLUMN shared_seen;
+
+ALTER FUNCTION lease_renew_many(text[], text[], interval) VOLATILE;
+ALTER FUNCTION permit_claim(text, integer, interval, text, integer) VOLATILE;
+ALTER FUNCTION permit_claim_new(text, integer, interval, text, integer) VOLATILE;
+ALTER FUNCTION lease_claim_all(text[], interval, text) VOLATILE;
+ALTER FUNCTION lease_claim_all_new(text[], interval, text) VOLATILE;
+ALTER FUNCTION lease_release_all(text[], text) VOLATILE;

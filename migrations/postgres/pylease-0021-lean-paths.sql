@@ -1,5 +1,5 @@
 -- pylease 0021: the claim and release of a name used only exclusively cost what they
--- did in revision 2, and a permit's cycle fewer statements (issues 25, 26 and 24; bench
+-- did in revision 2, and a permit's cycle less (issues 25, 26 and 24; bench
 -- targets 14-revision-3 and 12-permit-cycle). Keep sql/postgres/schema.sql in step.
 --   * pylease_leases gains shared_seen: the name's first reader marks the row, once
 --     (pylease_claim_shared, holding it FOR KEY SHARE), and an exclusive grant
@@ -12,7 +12,11 @@
 --     was built again by every grant and release of every name;
 --   * pylease_permit_claim reads the name and the holder's slots in one statement,
 --     tells a slot out of fences from the fence its lock read, and writes history
---     with a statement of its own only when it records something; permit_release too.
+--     with a statement of its own only when it records something; permit_release too;
+--   * the set-returning SQL wrappers (permit_claim, permit_claim_new, lease_claim_all,
+--     lease_claim_all_new, lease_release_all, lease_renew_many) are STABLE, so that
+--     they are inlined into the caller's statement: a VOLATILE one planned its body
+--     again on every call. What they call is VOLATILE, as before.
 -- Answers are unchanged.
 -- depends: pylease-0019-shares
 
@@ -37,6 +41,16 @@ CREATE TRIGGER pylease_leases_watched_update AFTER UPDATE OF fence, released, da
     ON pylease_leases
     FOR EACH ROW WHEN (NEW.watched)
     EXECUTE FUNCTION pylease_tell_watchers();
+
+-- The set-returning SQL wrappers are inlined into the caller's statement only when
+-- they are not VOLATILE: each call planned its body again. They only read; what they
+-- call is VOLATILE and writes with snapshots of its own.
+ALTER FUNCTION lease_renew_many(text[], text[], interval) STABLE;
+ALTER FUNCTION permit_claim(text, integer, interval, text, integer) STABLE;
+ALTER FUNCTION permit_claim_new(text, integer, interval, text, integer) STABLE;
+ALTER FUNCTION lease_claim_all(text[], interval, text) STABLE;
+ALTER FUNCTION lease_claim_all_new(text[], interval, text) STABLE;
+ALTER FUNCTION lease_release_all(text[], text) STABLE;
 
 -- True when no unexpired share of this epoch of the name stands, as the caller's
 -- statement sees pylease_shared. A function, not a subquery, so that a statement that
@@ -749,7 +763,7 @@ BEGIN
          ORDER BY p.slot
            FOR NO KEY UPDATE OF p
     ), tenure AS (
-        SELECT k.slot, k.permits FROM locked AS k
+        SELECT k.slot FROM locked AS k
          WHERE EXISTS (SELECT FROM locked AS m
                         WHERE (permit_release.slot IS NULL OR m.slot = permit_release.slot)
                           AND (permit_release.fence IS NULL OR m.fence = permit_release.fence))
@@ -760,12 +774,11 @@ BEGIN
                releases   = p.releases + 1
           FROM tenure AS k
          WHERE p.name = permit_release.name AND p.slot = k.slot
-        RETURNING p.slot, p.fence
+        RETURNING p.slot, p.fence, p.permits
     )
-    SELECT count(*), count(*) = min(k.permits) AND count(*) = max(k.permits),
-           (SELECT array_agg(g.slot ORDER BY g.slot) FROM given AS g),
-           (SELECT array_agg(g.fence ORDER BY g.slot) FROM given AS g)
-      INTO freed, whole, slots, fences FROM tenure AS k;
+    SELECT count(*), count(*) = min(g.permits) AND count(*) = max(g.permits),
+           array_agg(g.slot ORDER BY g.slot), array_agg(g.fence ORDER BY g.slot)
+      INTO freed, whole, slots, fences FROM given AS g;
     IF freed = 0 THEN
         RETURN false;
     ELSIF history = 'all' THEN

@@ -762,7 +762,7 @@ $$;
 -- with NULL fences).
 CREATE FUNCTION lease_renew_many(names text[], holders text[], ttl interval DEFAULT NULL)
 RETURNS TABLE(name text, renewed boolean)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT m.name, m.renewed
       FROM lease_renew_many(lease_renew_many.names, lease_renew_many.holders,
@@ -1717,11 +1717,15 @@ $$;
 
 -- Claim permits slots of a semaphore (pylease_permit_claim, continuing the slots the
 -- holder still holds): an SQL function whose body was parsed when it was created,
--- so no search_path can stand in for the function it calls.
+-- so no search_path can stand in for the function it calls. STABLE, as every
+-- set-returning wrapper here, so that it is inlined into the caller's statement: a
+-- VOLATILE one never is, and each call planned its body again (a fifth of a claim's
+-- time). It only reads; the function it calls is VOLATILE, and writes with snapshots
+-- of its own.
 CREATE FUNCTION permit_claim(name text, max_permits integer, ttl interval,
                                         holder text, permits integer DEFAULT 1)
 RETURNS TABLE(slot integer, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.slot, c.fence
       FROM pylease_permit_claim(permit_claim.name, permit_claim.max_permits, permit_claim.ttl,
@@ -1734,7 +1738,7 @@ END;
 CREATE FUNCTION permit_claim_new(name text, max_permits integer, ttl interval, holder text,
                                  permits integer DEFAULT 1)
 RETURNS TABLE(slot integer, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.slot, c.fence
       FROM pylease_permit_claim(permit_claim_new.name, permit_claim_new.max_permits,
@@ -1833,7 +1837,7 @@ BEGIN
          ORDER BY p.slot
            FOR NO KEY UPDATE OF p
     ), tenure AS (
-        SELECT k.slot, k.permits FROM locked AS k
+        SELECT k.slot FROM locked AS k
          WHERE EXISTS (SELECT FROM locked AS m
                         WHERE (permit_release.slot IS NULL OR m.slot = permit_release.slot)
                           AND (permit_release.fence IS NULL OR m.fence = permit_release.fence))
@@ -1844,12 +1848,11 @@ BEGIN
                releases   = p.releases + 1
           FROM tenure AS k
          WHERE p.name = permit_release.name AND p.slot = k.slot
-        RETURNING p.slot, p.fence
+        RETURNING p.slot, p.fence, p.permits
     )
-    SELECT count(*), count(*) = min(k.permits) AND count(*) = max(k.permits),
-           (SELECT array_agg(g.slot ORDER BY g.slot) FROM given AS g),
-           (SELECT array_agg(g.fence ORDER BY g.slot) FROM given AS g)
-      INTO freed, whole, slots, fences FROM tenure AS k;
+    SELECT count(*), count(*) = min(g.permits) AND count(*) = max(g.permits),
+           array_agg(g.slot ORDER BY g.slot), array_agg(g.fence ORDER BY g.slot)
+      INTO freed, whole, slots, fences FROM given AS g;
     IF freed = 0 THEN
         RETURN false;
     ELSIF history = 'all' THEN
@@ -2146,7 +2149,7 @@ $$;
 -- created, so no search_path can stand in for the function it calls.
 CREATE FUNCTION lease_claim_all(names text[], ttl interval, holder text)
 RETURNS TABLE(name text, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.name, c.fence
       FROM pylease_claim_all(lease_claim_all.names, lease_claim_all.ttl, lease_claim_all.holder,
@@ -2158,7 +2161,7 @@ END;
 -- holds one of them unexpired, an expired one taken over with a new fence.
 CREATE FUNCTION lease_claim_all_new(names text[], ttl interval, holder text)
 RETURNS TABLE(name text, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.name, c.fence
       FROM pylease_claim_all(lease_claim_all_new.names, lease_claim_all_new.ttl,
@@ -2234,7 +2237,7 @@ $$;
 -- (the function above with NULL fences).
 CREATE OR REPLACE FUNCTION lease_release_all(names text[], holder text)
 RETURNS TABLE(name text, released boolean)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT r.name, r.released
       FROM lease_release_all(lease_release_all.names, lease_release_all.holder,
