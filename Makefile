@@ -66,8 +66,9 @@ model-check:
 model-check-deep:
 	@model/check.sh deep
 
-# `make soak`: the permits witness under SIGKILL and black holes, round after round,
-# until SOAK_GRANTS grants were judged (a few minutes; not part of `make test`).
+# `make soak`: the permits witness and the readers and writers witness under SIGKILL and
+# black holes, round after round, until SOAK_GRANTS grants each were judged (a few
+# minutes each; not part of `make test`).
 SOAK_GRANTS ?= 2000
 soak: venv
 	PYLEASE_SOAK_GRANTS=$(SOAK_GRANTS) $(BIN)/python -m pytest -q -s -p no:cacheprovider \

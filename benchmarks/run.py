@@ -30,6 +30,7 @@ from benchmarks.groups import bench_groups
 from benchmarks.peers import bench_peers
 from benchmarks.permits import bench_permits
 from benchmarks.python_level import bench_handover, bench_python
+from benchmarks.readers import bench_readers
 from benchmarks.sql_level import bench_busy, bench_cycle, bench_heartbeat
 from benchmarks.startup import bench_startup
 
@@ -52,6 +53,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "permits": bench_permits,
     "groups": bench_groups,
     "data": bench_data,
+    "readers": bench_readers,
 }
 
 

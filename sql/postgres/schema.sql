@@ -2599,7 +2599,9 @@ BEGIN
         -- lease is unexpired (or resting after a min_hold release), or a writer
         -- waiting in the queue of waiting processes (writer preference), unless this
         -- holder reads the name already (a retried claim); for a new tenure, this
-        -- holder's unexpired share of the epoch too.
+        -- holder's unexpired share of the epoch too. A row that no writer was ever
+        -- granted (no holder) holds nothing: it expires at the start of the first
+        -- claim that made it, which may come after this claim's start.
         SELECT l.holder, l.fence, l.released, l.expires_at,
                EXISTS (SELECT FROM pylease_shared AS s
                         WHERE s.name = l.name AND s.holder = pylease_claim_shared.holder
@@ -2619,7 +2621,7 @@ BEGIN
                     t_now, true, true)
             ON CONFLICT DO NOTHING;
             CONTINUE;
-        ELSIF s_expires > t_now OR (s_queued AND NOT s_mine)
+        ELSIF (s_holder IS NOT NULL AND s_expires > t_now) OR (s_queued AND NOT s_mine)
               OR (s_mine AND pylease_claim_shared.new_tenure) THEN
             RETURN;
         END IF;
@@ -2639,7 +2641,7 @@ BEGIN
                FOR KEY SHARE;
             IF NOT FOUND THEN
                 RAISE EXCEPTION USING ERRCODE = 'PLAGN';  -- pruned meanwhile
-            ELSIF s_expires > t_now THEN
+            ELSIF s_holder IS NOT NULL AND s_expires > t_now THEN
                 RAISE EXCEPTION USING ERRCODE = 'PLBSY';
             ELSIF NOT s_freed THEN
                 -- The exclusive holder died (its ttl ran out without a release): the row

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,9 @@ from pylease._acompat import asleep
 from tests.support.leases import (
     DETECT,
     aenter_once,
+    ajoin_workers,
     asleep_until,
+    astart_worker,
     atogether,
     later,
     no_poll,
@@ -220,4 +223,43 @@ async def test_an_explicit_readers_holder_used_twice_never_frees_the_later_share
         assert not second.lost
         second.check()
         assert share_id(db, NAME, "h") == later_share
+    assert other.holders(NAME) == []
+
+
+async def test_a_reused_readers_holder_believes_until_a_writer_is_granted(db: Db) -> None:
+    """The belief of a reused reader's holder at the moment a writer is granted: the
+    earlier block's release, arriving after a later block of the same holder took a
+    share of the same epoch, leaves that share; the writer waiting meanwhile is granted
+    only once the later block gave its share back, never while that block believes, and
+    the later block is never told it lost. (A release by epoch alone deletes the later
+    share: the writer is then granted inside the later block, which still believes.)"""
+    other = db.backend()
+    async with alease(db.url, NAME, ttl=30, holder="h", shared=True) as first:
+        earlier = share_id(db, NAME, "h")
+    assert earlier is not None
+    believing: list[Any] = []  # the later block's lease while its body runs
+    at_grant: list[bool] = []  # whether the later block believed as the writer was granted
+
+    async def write() -> None:
+        async with alease(db.url, NAME, ttl=30, wait=PATIENT, poll_interval=no_poll(db)):
+            at_grant.append(any(not held.lost for held in believing))
+
+    async with alease(db.url, NAME, ttl=0.9, holder="h", shared=True) as second:
+        believing.append(second)
+        assert second.fence == first.fence
+        writing = astart_worker(write)
+        assert await asleep_until(lambda: in_line(db, NAME), BOUND)
+        # The earlier block's release, arriving now: it names the earlier share.
+        assert other.release_share(NAME, "h", first.fence, earlier) is False
+        # Past the ttl: only the keeper's renewals of the later share keep it, and the
+        # writer (woken by any reader's release while it waits) stays out.
+        until = time.monotonic() + 2.5
+        while time.monotonic() < until:
+            assert not second.lost
+            await asleep(0.05)
+        second.check()
+        # The body ends here: its belief ends before its release is sent.
+        believing.clear()
+    await ajoin_workers([writing], PATIENT)
+    assert at_grant == [False]
     assert other.holders(NAME) == []

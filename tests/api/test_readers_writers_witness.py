@@ -8,7 +8,15 @@ really run in parallel). And writer preference, with a stream of readers arrivin
 every few milliseconds: a waiting writer is kept out no longer than the readers' ttl,
 and a waiting writer that died stops keeping readers out once its place in line
 expires. The witness also judges them while holders are killed with SIGKILL and their
-networks turned into black holes (the permits witness's fleet, hammering a lease).
+networks turned into black holes (the permits witness's fleet, hammering a lease), round
+after round in `make soak` (tests/soak/test_readers_soak.py).
+
+Half of the readers' blocks take the process's own explicit holder, so one holder is
+used by block after block (contract 5.6), and after a SIGKILL by the process started in
+its place while the killed one's share may still be live: an earlier block's release or
+renewal, late or abandoned with its connection, must never touch a later block's share.
+A believing span is therefore one block's (its process, holder and grant), not a
+holder's.
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ MOST_READERS = 200  # the stream of readers' threads alive at once
 FAULTY_TTL = 1.5  # the permits fleet's black hole lasts 2.5 times this
 
 
+def reused(writer: bool, rnd: random.Random, seed: int) -> str | None:
+    """A reader's holder: half the time this process's own, reused block after block
+    (and by the process that replaces it after a SIGKILL); else a new one per block."""
+    return f"reader-{seed}" if not writer and rnd.random() < 0.5 else None
+
+
 def hammer(url: str, witness: Witness, seed: int, writes: float) -> None:
     """Take the name again and again until RUN_FOR is over, a writer with probability
     ``writes``, sampling every belief while it holds it."""
@@ -45,7 +59,9 @@ def hammer(url: str, witness: Witness, seed: int, writes: float) -> None:
     while time.monotonic() < until:
         writer = rnd.random() < writes
         try:
-            with lease(url, NAME, ttl=3, shared=not writer, wait=5) as held:
+            with lease(
+                url, NAME, ttl=3, shared=not writer, wait=5, holder=reused(writer, rnd, seed)
+            ) as held:
                 witness.grant(NAME, held.holder, held.fence)
                 witness.note("mode", NAME, held.holder, writer=writer)
                 end = time.monotonic() + rnd.uniform(0.0, 0.15)
@@ -70,8 +86,9 @@ def hammer_faulty(
     until = time.monotonic() + run_for
     while time.monotonic() < until:
         writer = rnd.random() < 0.25
+        holder = reused(writer, rnd, seed)
         try:
-            with lease(url, NAME, ttl=FAULTY_TTL, shared=not writer, wait=5) as held:
+            with lease(url, NAME, ttl=FAULTY_TTL, shared=not writer, wait=5, holder=holder) as held:
                 witness.grant(NAME, held.holder, held.fence)
                 witness.note("mode", NAME, held.holder, writer=writer)
                 holding[seed] = 1
@@ -89,18 +106,48 @@ def hammer_faulty(
             holding[seed] = 0
 
 
-def spans(witness: Witness) -> dict[str, tuple[int, int, bool]]:
-    """Per holder: its first and last believing sample, and whether it was a writer."""
-    writers = {e.holder for e in witness.events() if e.kind == "note" and e.fields.get("writer")}
-    found: dict[str, list[int]] = {}
+Block = tuple[int, str, int]  # a block: its process, its holder, the how-manyth grant
+
+
+def spans(witness: Witness) -> dict[Block, tuple[int, int, bool]]:
+    """Per block: its first and last believing sample, and whether it was a writer. A
+    process runs one block at a time, so its holder's samples belong to the holder's
+    latest grant in that process."""
+    grants: dict[tuple[int, str], int] = {}
+    writers: set[Block] = set()
+    found: dict[Block, list[int]] = {}
     for e in witness.events():
-        if e.kind == "belief" and e.believes:
-            span = found.setdefault(e.holder, [e.t, e.t])
+        key = (e.pid, e.holder)
+        if e.kind == "grant":
+            grants[key] = grants.get(key, 0) + 1
+        elif key not in grants:
+            continue
+        block = (e.pid, e.holder, grants[key])
+        if e.kind == "note" and e.fields.get("writer"):
+            writers.add(block)
+        elif e.kind == "belief" and e.believes:
+            span = found.setdefault(block, [e.t, e.t])
             span[0], span[1] = min(span[0], e.t), max(span[1], e.t)
-    return {h: (a, b, h in writers) for h, (a, b) in found.items()}
+    return {k: (a, b, k in writers) for k, (a, b) in found.items()}
 
 
-def writer_overlaps(witness: Witness) -> list[tuple[str, str]]:
+def writes_and_reads(witness: Witness) -> list[bool]:
+    """Per grant, in order: whether it was a writer's."""
+    return [
+        e.fields["writer"] for e in witness.events() if e.kind == "note" and "writer" in e.fields
+    ]
+
+
+def reused_holders(witness: Witness) -> dict[str, int]:
+    """The explicit readers' holders granted more than once, and how many times."""
+    counts: dict[str, int] = {}
+    for g in witness.grants(NAME):
+        if g.holder.startswith("reader-"):
+            counts[g.holder] = counts.get(g.holder, 0) + 1
+    return {h: n for h, n in counts.items() if n > 1}
+
+
+def writer_overlaps(witness: Witness) -> list[tuple[Block, Block]]:
     """(writer, other) pairs whose believing spans overlap."""
     all_spans = sorted(spans(witness).items(), key=lambda item: item[1][0])
     bad = []
@@ -136,19 +183,18 @@ def test_a_writer_never_believes_while_anyone_else_does(db: Db, tmp_path: Path) 
     for worker in workers:
         worker.join(BOUND)
         assert worker.exitcode == 0, worker.exitcode
-    modes = [e.fields["writer"] for e in witness.events() if e.kind == "note"]
-    # The verdicts had something to judge: writers and readers both came in, many times.
+    # The verdicts had something to judge: writers and readers both came in, many times,
+    # and a reader's holder served block after block.
+    modes = writes_and_reads(witness)
     assert modes.count(True) >= 3 and modes.count(False) >= 10, witness.story()
+    assert reused_holders(witness), witness.story()
     assert writer_overlaps(witness) == [], witness.story()
     # Readers really ran in parallel.
     assert most_readers_at_once(witness) >= 2, witness.story()
 
 
-def test_a_writer_never_believes_beside_anyone_under_sigkill_and_a_black_hole(
-    pg: Db, tmp_path: Path
-) -> None:
-    db = pg  # the fault proxy stands between a process and PostgreSQL alone
-    witness = Witness(tmp_path / "witness.jsonl")
+def faulty_round(db: Db, witness: Witness) -> int:
+    """One run of the fleet under SIGKILL and black holes, judged; its grants' count."""
     seed = random.randrange(2**32)
     witness.note("seed", NAME, seed=seed)
     with contextlib.ExitStack() as stack:
@@ -156,12 +202,18 @@ def test_a_writer_never_believes_beside_anyone_under_sigkill_and_a_black_hole(
         fleet = Fleet(witness, proxies, hammer_faulty)
         faults_while_hammering(fleet, seed)
         fleet.join()
-    modes = [
-        e.fields["writer"] for e in witness.events() if e.kind == "note" and "writer" in e.fields
-    ]
+    modes = writes_and_reads(witness)
     assert modes.count(True) >= 3 and modes.count(False) >= 10, witness.story()
+    assert reused_holders(witness), witness.story()
     assert writer_overlaps(witness) == [], witness.story()
     assert fleet.kills >= 1, witness.story()
+    return len(witness.grants(NAME))
+
+
+def test_a_writer_never_believes_beside_anyone_under_sigkill_and_a_black_hole(
+    pg: Db, tmp_path: Path
+) -> None:
+    faulty_round(pg, Witness(tmp_path / "witness.jsonl"))  # the fault proxy: PostgreSQL's
 
 
 # Writer preference ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What migration 0021 leaves out of the paths of names that do not need it, and what it
+"""What migration 0024 leaves out of the paths of names that do not need it, and what it
 must keep (issues 24, 25 and 26; contract 5.1, 5.2 and 5.4).
 
 - An exclusive grant looks for readers' shares only on a name a reader was ever granted
@@ -30,6 +30,7 @@ __all__ = ["background"]  # a fixture, used by name
 Conn = psycopg.Connection[Any]
 Submit = Callable[..., Future[Any]]
 
+LEAN = "pylease-0024-lean-paths"
 MAX_FENCE = 2**63 - 1
 CLAIM = "SELECT lease_claim('doc', '1 hour', %s)"
 SHARE = "SELECT lease_claim_shared('doc', '1 hour', %s)"
@@ -113,11 +114,12 @@ def test_a_first_reader_that_waits_for_another_first_readers_mark_is_granted(
 
 
 def test_the_migration_marks_the_names_that_readers_hold(empty_dsn: str) -> None:
-    """A database at 0019 with a reader: after 0021 a writer is still refused beside it."""
+    """A database with a reader before this migration: after it, a writer is still refused
+    beside that reader."""
     folder = data_dir("migrations", "postgres")
     files = sorted(p for p in folder.glob("pylease-*.sql") if not p.name.endswith(".rollback.sql"))
-    before = [p for p in files if p.stem <= "pylease-0019-shares"]
-    [lean] = [p for p in files if p.stem == "pylease-0021-lean-paths"]
+    before = [p for p in files if p.stem < LEAN]
+    [lean] = [p for p in files if p.stem == LEAN]
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         for path in before:
             with c.transaction():

@@ -134,6 +134,35 @@ def test_readers_never_wait_for_each_other(conn: Conn, connect: Connect) -> None
     assert [h for h, _, _ in holders(conn)] == ["r1", "r3"]
 
 
+def test_a_readers_claim_that_started_before_the_names_first_claim_is_not_busy(
+    conn: Conn, connect: Connect, background: Submit
+) -> None:
+    """The name's row made by a reader's first claim holds nothing, though it expires
+    at that claim's start: a reader whose claim started earlier and reads it afterwards
+    is granted, not busy (no writer holds or waits). The earlier claim is held at its
+    first read (a table it reads, locked) while the other claims and commits; the claim
+    gives up such a wait after its lock_timeout (2 s), and a loaded machine may take
+    that long, so the script runs again on a new name until it ran to its end."""
+    observer, early = connect(), connect()
+    claim_on = "SELECT lease_claim_shared(%s, '1 hour', %s)"
+    for attempt in range(5):
+        name = f"first-{attempt}"
+        with conn.transaction():
+            conn.execute("LOCK TABLE pylease_waiters IN ACCESS EXCLUSIVE MODE")
+            claim = background(one, early, claim_on, (name, "early"))
+            wait_blocked(observer, early)
+            assert one(conn, claim_on, (name, "first")) == 0
+        try:
+            epoch = claim.result(timeout=30)
+        except psycopg.errors.LockNotAvailable:
+            continue
+        assert epoch == 0
+        found = conn.execute("SELECT holder FROM lease_holders(%s) ORDER BY 1", (name,))
+        assert [h for (h,) in found] == ["early", "first"]
+        return
+    pytest.fail("the earlier claim never waited through the script (the machine is slow)")
+
+
 # -- renewals ---------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
--- pylease 0021: the claim and release of a name used only exclusively cost what they
+-- pylease 0024: the claim and release of a name used only exclusively cost what they
 -- did in revision 2, and a permit's cycle less (issues 25, 26 and 24; bench
 -- targets 14-revision-3 and 12-permit-cycle). Keep sql/postgres/schema.sql in step.
 --   * pylease_leases gains shared_seen: the name's first reader marks the row, once
@@ -18,7 +18,7 @@
 --     they are inlined into the caller's statement: a VOLATILE one planned its body
 --     again on every call. What they call is VOLATILE, as before.
 -- Answers are unchanged.
--- depends: pylease-0019-shares
+-- depends: pylease-0023-first-readers
 
 DO $pin$
 BEGIN
@@ -313,7 +313,9 @@ BEGIN
         -- lease is unexpired (or resting after a min_hold release), or a writer
         -- waiting in the queue of waiting processes (writer preference), unless this
         -- holder reads the name already (a retried claim); for a new tenure, this
-        -- holder's unexpired share of the epoch too.
+        -- holder's unexpired share of the epoch too. A row that no writer was ever
+        -- granted (no holder) holds nothing: it expires at the start of the first
+        -- claim that made it, which may come after this claim's start.
         SELECT l.holder, l.fence, l.released, l.expires_at,
                EXISTS (SELECT FROM pylease_shared AS s
                         WHERE s.name = l.name AND s.holder = pylease_claim_shared.holder
@@ -333,7 +335,7 @@ BEGIN
                     t_now, true, true)
             ON CONFLICT DO NOTHING;
             CONTINUE;
-        ELSIF s_expires > t_now OR (s_queued AND NOT s_mine)
+        ELSIF (s_holder IS NOT NULL AND s_expires > t_now) OR (s_queued AND NOT s_mine)
               OR (s_mine AND pylease_claim_shared.new_tenure) THEN
             RETURN;
         END IF;
@@ -353,7 +355,7 @@ BEGIN
                FOR KEY SHARE;
             IF NOT FOUND THEN
                 RAISE EXCEPTION USING ERRCODE = 'PLAGN';  -- pruned meanwhile
-            ELSIF s_expires > t_now THEN
+            ELSIF s_holder IS NOT NULL AND s_expires > t_now THEN
                 RAISE EXCEPTION USING ERRCODE = 'PLBSY';
             ELSIF NOT s_freed THEN
                 -- The exclusive holder died (its ttl ran out without a release): the row

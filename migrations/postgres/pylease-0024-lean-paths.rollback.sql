@@ -1,5 +1,5 @@
--- Undo pylease 0021: pylease_claim, pylease_claim_shared, pylease_tell_watchers,
--- pylease_permit_claim and permit_release as pylease-0019-shares left them; the watched
+-- Undo pylease 0024: pylease_claim, pylease_claim_shared, pylease_tell_watchers,
+-- pylease_permit_claim and permit_release as pylease-0023-first-readers left them; the watched
 -- trigger's WHEN comparing the columns again; VOLATILE set-returning wrappers; no
 -- shared_seen, no pylease_unshared.
 
