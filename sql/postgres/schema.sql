@@ -1497,13 +1497,7 @@ DECLARE
     whole   boolean;
     start   integer;
     taken   integer[];
-    top     bigint;
     worn    integer;
-    slots   integer[];
-    fences  bigint[];
-    events  text[];
-    before  text[];
-    notable boolean;
     history text;
 BEGIN
     IF pylease_permit_claim.name IS NULL OR pylease_permit_claim.name = ''
@@ -1533,18 +1527,8 @@ BEGIN
     END IF;
 
     LOOP
-        -- The name's kind and limit, and the slots this holder still holds: a retried
-        -- claim whose reply was lost gets them again; a new tenure is busy while any
-        -- of them is unexpired.
-        SELECT n.kind, n.max_permits, h.mine, h.live, h.whole
-          INTO s_kind, s_max, mine, live, whole
-          FROM pylease_names AS n,
-               LATERAL (SELECT count(*) AS mine, count(*) FILTER (WHERE p.expires_at > t_now) AS live,
-                               count(*) = min(p.permits) AND count(*) = max(p.permits) AS whole
-                          FROM pylease_permits AS p
-                         WHERE p.name = n.name AND p.holder = pylease_permit_claim.holder
-                           AND NOT p.released) AS h
-         WHERE n.name = pylease_permit_claim.name;
+        SELECT n.kind, n.max_permits INTO s_kind, s_max
+          FROM pylease_names AS n WHERE n.name = pylease_permit_claim.name;
         EXIT WHEN FOUND;
         -- The first claim: the name becomes a semaphore, with a row per slot. A
         -- conflict means another first claim (of either kind) committed it first.
@@ -1565,6 +1549,14 @@ BEGIN
             pylease_permit_claim.max_permits, s_max USING ERRCODE = '22023', COLUMN = 'max_permits';
     END IF;
 
+    -- Still this holder's: a retried claim whose reply was lost gets its slots again;
+    -- a new tenure is busy while any of them is unexpired.
+    SELECT count(*), count(*) FILTER (WHERE p.expires_at > t_now),
+           count(*) = min(p.permits) AND count(*) = max(p.permits)
+      INTO mine, live, whole
+      FROM pylease_permits AS p
+     WHERE p.name = pylease_permit_claim.name AND p.holder = pylease_permit_claim.holder
+       AND NOT p.released;
     IF pylease_permit_claim.new_tenure THEN
         IF live > 0 THEN
             RETURN;
@@ -1602,8 +1594,8 @@ BEGIN
         -- One slot for a holder that has none: it is free and locked here, or the
         -- claim is busy having locked nothing (no write, nothing to give back), so no
         -- subtransaction is needed: it would cost the claim a sixth of its time.
-        SELECT array_agg(c.slot), max(c.fence) INTO taken, top FROM (
-            SELECT p.slot, p.fence FROM pylease_permits AS p
+        SELECT array_agg(c.slot) INTO taken FROM (
+            SELECT p.slot FROM pylease_permits AS p
              WHERE p.name = pylease_permit_claim.name AND p.slot < s_max AND p.expires_at <= t_now
                AND NOT EXISTS (SELECT FROM pylease_permits AS q
                                 WHERE q.name = pylease_permit_claim.name AND q.slot >= s_max
@@ -1627,8 +1619,8 @@ BEGIN
         -- Several slots, or a new tenure that ends the holder's earlier one: locks taken
         -- before the claim turns out busy are given back with the subtransaction.
         BEGIN
-            SELECT array_agg(c.slot), max(c.fence) INTO taken, top FROM (
-                SELECT p.slot, p.fence FROM pylease_permits AS p
+            SELECT array_agg(c.slot) INTO taken FROM (
+                SELECT p.slot FROM pylease_permits AS p
                  WHERE p.name = pylease_permit_claim.name AND p.slot < s_max
                    AND p.expires_at <= t_now
                    AND NOT EXISTS (SELECT FROM pylease_permits AS q
@@ -1658,18 +1650,16 @@ BEGIN
     IF history NOT IN ('', 'rare', 'all', 'none') THEN
         PERFORM pylease_refuse_history(history);
     END IF;
-    -- The fences as locked (the rows' latest versions, read by the statement that
-    -- locked them).
-    IF top = 9223372036854775807 THEN
-        SELECT min(p.slot) INTO worn FROM pylease_permits AS p
-         WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken) AND p.fence = top;
+    SELECT min(p.slot) INTO worn FROM pylease_permits AS p
+     WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
+       AND p.fence = 9223372036854775807;
+    IF worn IS NOT NULL THEN
         RAISE EXCEPTION 'pylease: semaphore % has used every fence of slot %: it cannot be granted again',
             quote_literal(pylease_permit_claim.name), worn USING ERRCODE = '54000';
     END IF;
     -- A fence floored by the timeline, as a lease's. The next grant of a slot freed
-    -- by permit_revoke from an unexpired holder is a steal. The history is written by
-    -- a statement of its own, only when it records something: an insert in this one
-    -- would cost every grant the setting up of pylease_events and its indexes.
+    -- by permit_revoke from an unexpired holder is a steal.
+    RETURN QUERY
     WITH old AS (
         SELECT p.slot, p.holder, p.fence, p.released, p.revoked FROM pylease_permits AS p
          WHERE p.name = pylease_permit_claim.name AND p.slot = ANY (taken)
@@ -1694,24 +1684,14 @@ BEGIN
                   CASE WHEN o.revoked THEN 'stolen' WHEN o.fence = 0 OR o.released THEN 'claimed'
                        ELSE 'taken_over' END AS event,
                   CASE WHEN o.fence > 0 THEN o.holder END AS previous
-    )
-    SELECT array_agg(g.slot ORDER BY g.slot), array_agg(g.fence ORDER BY g.slot),
-           array_agg(g.event ORDER BY g.slot), array_agg(g.previous ORDER BY g.slot),
-           bool_or(g.event <> 'claimed')
-      INTO slots, fences, events, before, notable
-      FROM granted AS g;
-    IF history = 'all' OR (notable AND coalesce(history, '') IN ('', 'rare')) THEN
+    ), recorded AS (
         INSERT INTO pylease_events (at, name, event, holder, fence, previous_holder, slot)
-        SELECT t_now, pylease_permit_claim.name, e.event, pylease_permit_claim.holder, e.fence,
-               e.previous, e.slot
-          FROM unnest(slots, fences, events, before) AS e(slot, fence, event, previous)
-         WHERE history = 'all' OR e.event <> 'claimed';
-    END IF;
-    FOR i IN 1 .. coalesce(cardinality(slots), 0) LOOP
-        slot := slots[i];
-        fence := fences[i];
-        RETURN NEXT;
-    END LOOP;
+        SELECT t_now, pylease_permit_claim.name, g.event, pylease_permit_claim.holder, g.fence,
+               g.previous, g.slot
+          FROM granted AS g
+         WHERE history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND g.event <> 'claimed')
+    )
+    SELECT g.slot, g.fence FROM granted AS g ORDER BY g.slot;
 END
 $$;
 
@@ -1719,9 +1699,9 @@ $$;
 -- holder still holds): an SQL function whose body was parsed when it was created,
 -- so no search_path can stand in for the function it calls. STABLE, as every
 -- set-returning wrapper here, so that it is inlined into the caller's statement: a
--- VOLATILE one never is, and each call planned its body again (a fifth of a claim's
--- time). It only reads; the function it calls is VOLATILE, and writes with snapshots
--- of its own.
+-- VOLATILE one never is, and each call planned its body again (two fifths of a
+-- claim's server time). It only reads; the function it calls is VOLATILE, and writes
+-- with snapshots of its own.
 CREATE FUNCTION permit_claim(name text, max_permits integer, ttl interval,
                                         holder text, permits integer DEFAULT 1)
 RETURNS TABLE(slot integer, fence bigint)
@@ -1810,8 +1790,6 @@ DECLARE
     t_now   timestamptz;
     freed   bigint;
     whole   boolean;
-    slots   integer[];
-    fences  bigint[];
     history text;
     ignored text;
 BEGIN
@@ -1837,7 +1815,7 @@ BEGIN
          ORDER BY p.slot
            FOR NO KEY UPDATE OF p
     ), tenure AS (
-        SELECT k.slot FROM locked AS k
+        SELECT k.slot, k.permits FROM locked AS k
          WHERE EXISTS (SELECT FROM locked AS m
                         WHERE (permit_release.slot IS NULL OR m.slot = permit_release.slot)
                           AND (permit_release.fence IS NULL OR m.fence = permit_release.fence))
@@ -1848,19 +1826,17 @@ BEGIN
                releases   = p.releases + 1
           FROM tenure AS k
          WHERE p.name = permit_release.name AND p.slot = k.slot
-        RETURNING p.slot, p.fence, p.permits
-    )
-    SELECT count(*), count(*) = min(g.permits) AND count(*) = max(g.permits),
-           array_agg(g.slot ORDER BY g.slot), array_agg(g.fence ORDER BY g.slot)
-      INTO freed, whole, slots, fences FROM given AS g;
-    IF freed = 0 THEN
-        RETURN false;
-    ELSIF history = 'all' THEN
-        -- A statement of its own, only then: in the one above, an insert would cost
-        -- every release the setting up of pylease_events and its indexes.
+        RETURNING p.slot, p.fence
+    ), recorded AS (
         INSERT INTO pylease_events (at, name, event, holder, fence, slot)
         SELECT t_now, permit_release.name, 'released', permit_release.holder, g.fence, g.slot
-          FROM unnest(slots, fences) AS g(slot, fence);
+          FROM given AS g
+         WHERE history = 'all'
+    )
+    SELECT count(*), count(*) = min(k.permits) AND count(*) = max(k.permits)
+      INTO freed, whole FROM tenure AS k;
+    IF freed = 0 THEN
+        RETURN false;
     END IF;
     ignored := pg_notify('pylease', permit_release.name);
     RETURN whole;

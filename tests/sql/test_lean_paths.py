@@ -5,8 +5,8 @@ must keep (issues 24, 25 and 26; contract 5.1, 5.2 and 5.4).
   (the row's shared_seen, marked by that first reader): counted with track_functions.
 - The watched trigger's WHEN tests only the row's mark; the function tells a change of
   holder or data from an update that changed neither (a retried claim).
-- A permit claim tells a slot out of fences from the fence its lock read, and writes
-  history with a statement of its own.
+- A permit claim, its wrapper now inlined into the caller's statement, still raises
+  when a slot is out of fences and writes history as the setting says.
 """
 
 from __future__ import annotations
