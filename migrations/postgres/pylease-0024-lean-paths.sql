@@ -1,5 +1,5 @@
 -- pylease 0024: the claim and release of a name used only exclusively cost what they
--- did in revision 2, and a permit's claim about half (issues 25, 26 and 24; bench
+-- did in revision 2, and a permit's claim a sixth less (issues 25, 26 and 24; bench
 -- targets 14-revision-3 and 12-permit-cycle). Keep sql/postgres/schema.sql in step.
 --   * pylease_leases gains shared_seen: the name's first reader marks the row, once
 --     (pylease_claim_shared, holding it FOR KEY SHARE), and an exclusive grant
@@ -13,7 +13,7 @@
 --   * the set-returning SQL wrappers (permit_claim, permit_claim_new, lease_claim_all,
 --     lease_claim_all_new, lease_release_all, lease_renew_many) are STABLE, so that
 --     they are inlined into the caller's statement: a VOLATILE one planned its body
---     again on every call (two fifths of a permit claim's server time). What they call
+--     again on every call (about a sixth of a permit claim's server time). What they call
 --     is VOLATILE, as before.
 -- Answers are unchanged.
 -- depends: pylease-0023-first-readers

@@ -1699,8 +1699,8 @@ $$;
 -- holder still holds): an SQL function whose body was parsed when it was created,
 -- so no search_path can stand in for the function it calls. STABLE, as every
 -- set-returning wrapper here, so that it is inlined into the caller's statement: a
--- VOLATILE one never is, and each call planned its body again (two fifths of a
--- claim's server time). It only reads; the function it calls is VOLATILE, and writes
+-- VOLATILE one never is, and each call planned its body again (about a sixth of a
+-- permit claim's server time). It only reads; the function it calls is VOLATILE, and writes
 -- with snapshots of its own.
 CREATE FUNCTION permit_claim(name text, max_permits integer, ttl interval,
                                         holder text, permits integer DEFAULT 1)
