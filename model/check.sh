@@ -68,7 +68,7 @@ verify() {
     else
         local steps
         # The counterexample replayed: its length in the model's named transitions.
-        steps=$(cd "$dir" && spin -t -T "$@" pylease.pml 2>/dev/null | grep -cE '^(client [0-9]+|server|helper|operator): |^tick ' || true)
+        steps=$(cd "$dir" && spin -t -T "$@" pylease.pml 2>/dev/null | grep -cE '^(client [0-9]+|member [0-9]+|server|helper|operator): |^tick ' || true)
         local what=mutant found=caught run="counterexample"
         [ "$kind" = gap ] && what=gap && found="unsafe as known"
         [ "$kind" = reach ] && what=reach && found=reachable && run="a run"
@@ -113,6 +113,11 @@ if [ "$set_name" = deep ]; then
     verify pass stepdown-slow     all    -DSLOW=1 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1
     verify pass stepdown-writes   all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DWRITES=1 -DKEEPERS=1
     verify pass stepdown-steal    all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DSTEAL=1
+    verify pass groups-kept       all    -DSLOW=0 -DGROUPS=1
+    verify pass groups-late       all    -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DGSLOTS=2
+    verify pass groups-slow       all    -DSLOW=1 -DGROUPS=1 -DGKEEPERS=1
+    verify pass groups-two-parts  all    -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DPARTS=2
+    verify pass groups-rejoin     all    -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DJOINS0=2
 else
     # One configuration per feature: a clean model, then each feature on its own.
     verify pass base           all    -DSLOW=0
@@ -154,6 +159,11 @@ else
     # 0's keeper is told by a renewal, it stops its work, releases, and claims again with
     # its holder; client 1, without a keeper (one ttl), is the other candidate.
     verify pass stepdown         all    -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1
+    # Groups and partitions (issue 27, contract 5.5): two member processes, one
+    # partition; member 1 holds for one ttl (no keeper). With one name, both processes
+    # use it (a restart while the old process is paused or cut off) and both renew.
+    verify pass groups           all    -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1
+    verify pass groups-one-name  all    -DSLOW=0 -DGROUPS=2
 fi
 
 # Every property has a seeded bug that must be caught (issue 21 items 5, 17, 18 among them).
@@ -199,6 +209,14 @@ verify fail release-before-stop        belief       -DSLOW=0 -DSTEPDOWN=1 -DBLOC
 verify fail request-cleared-on-answer  request_kept -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DMUT_REQUEST_CLEARED_ON_ANSWER
 verify fail reclaim-released           new_term     -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DMUT_RECLAIM_RELEASED
 verify fail request-outlives-tenure    new_term     -DSLOW=0 -DSTEPDOWN=1 -DBLOCKS0=2 -DTRIES=1 -DKEEPERS=1 -DMUT_REQUEST_OUTLIVES_TENURE
+
+# Groups (issue 27). A partition handed from one process to the other and every
+# partition owned by the member the assignment names: a state the search reaches.
+verify reach groups-owned-again         owned_again -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1
+verify fail revoke-after-release        partitions  -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DMUT_RELEASE_BEFORE_REVOKE
+verify fail partition-claim-continues   partitions  -DSLOW=0 -DGROUPS=2 -DGKEEPERS=0 -DMUT_PART_CLAIM_CONTINUES
+verify fail member-belief-from-arrival  members     -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DMUT_MEMBER_FROM_ARRIVAL
+verify fail join-live-name              members     -DSLOW=0 -DGROUPS=2 -DMUT_JOIN_LIVE_NAME
 
 echo "model-check ($set_name): done in $(( $(date +%s) - start_all ))s"
 if [ "$failed" -ne 0 ]; then

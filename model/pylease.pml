@@ -14,7 +14,9 @@
  * Properties (one line each, at the end): belief, fenced, fence_once; with PERMITS,
  * permits and fence_grows; with NAMES, all_or_nothing, no_deadlock and fence_grows;
  * with READERS, rw_exclusion, epoch_fenced, and readers_overlap (a state to reach);
- * with STEPDOWN, request_kept, new_term, and leads_again (a state to reach).
+ * with STEPDOWN, request_kept, new_term, and leads_again (a state to reach); with
+ * GROUPS, members of a group and their partitions (groups.pml, in place of the
+ * clients): partitions, members, and owned_again (a state to reach).
  * Configuration and mutants are -D macros; see check.sh and docs/model.md. Mutants
  * here: MUT_BELIEF_FROM_ARRIVAL, MUT_NO_DRIFT_MARGIN (issue 21 item 18),
  * MUT_LATE_ANSWER_REVIVES with MUT_RENEW_NO_FENCE, MUT_RELEASE_NO_FENCE (item 17, with
@@ -83,6 +85,10 @@
                            the holder asked is told by its keeper's renewal, stops its work,
                            then releases */
 #endif
+#ifndef GROUPS
+#define GROUPS 0        /* 1: two member processes of one group share two partitions
+                           (groups.pml); 2: the same, both under one member name */
+#endif
 #define SLOTS 2         /* requests a client may have outstanding (sent, not yet run) */
 #define KINDS (PERMITS > 0 || NAMES > 0)
 #if READERS && (KINDS || HELPER || STEAL || FAILOVER || !EXPLICIT || READERS > 2 || READERS >= NC)
@@ -124,6 +130,28 @@
 #define MARGIN (MARGIN_PPM * TTL / RATE_PPM / DRIFT_WINDOW)
 #endif
 
+/* ---- The keeper's arithmetic (clients and members alike) ------------------------- */
+/* Ticket.expires = sent_at + granted, as local ticks from now: the keeper counts from
+   when it SENT the request (Ticket(sent_at=...), Ticket.renewed(sent_at, granted)). */
+#ifdef MUT_BELIEF_FROM_ARRIVAL
+#define EXPIRES_IN(c, span) (span)
+#else
+#define EXPIRES_IN(c, span) ((span) > since[c] -> (span) - since[c] : 0)
+#endif
+
+/* The keeper's own margin, margin(ttl) = min(ttl / 6, 10 s), in ticks: it renews only
+   before expires - margin, and declares the loss there. */
+#ifndef KEEPER_MARGIN
+#define KEEPER_MARGIN 1
+#endif
+/* It renews every ttl / 3 (sooner after a failed tick: backoff): never while more than
+   two thirds of the ttl are left. */
+#define RENEW_AT (TTL - TTL / 3)
+
+#if GROUPS
+/* Groups and partitions: members, their server and clock, and their properties. */
+#include "groups.pml"
+#else
 /* ---- Ghosts for the properties ---------------------------------------------------- */
 int  issued;        /* bit f: fence f was given to some tenure (across failovers) */
 bool reissued;      /* some fence was given to a second tenure */
@@ -342,22 +370,6 @@ inline unlock(i) {
 #define BELIEVES(c) (st[c] == HELD && !lost[c] && el[c] > MARGIN)
 #endif
 
-/* Ticket.expires = sent_at + granted, as local ticks from now: the keeper counts from
-   when it SENT the request (Ticket(sent_at=...), Ticket.renewed(sent_at, granted)). */
-#ifdef MUT_BELIEF_FROM_ARRIVAL
-#define EXPIRES_IN(c, span) (span)
-#else
-#define EXPIRES_IN(c, span) ((span) > since[c] -> (span) - since[c] : 0)
-#endif
-
-/* The keeper's own margin, margin(ttl) = min(ttl / 6, 10 s), in ticks: it renews only
-   before expires - margin, and declares the loss there. */
-#ifndef KEEPER_MARGIN
-#define KEEPER_MARGIN 1
-#endif
-/* It renews every ttl / 3 (sooner after a failed tick: backoff): never while more than
-   two thirds of the ttl are left. */
-#define RENEW_AT (TTL - TTL / 3)
 
 /* A renewal's answer read once the belief has ended (the keeper paused past the expiry)
    must not revive it: that renewal may have renewed a LATER tenure of the same holder
@@ -1205,6 +1217,4 @@ ltl all        { [] (NOBODY_WRONGED && !stale_write && !reissued) }
 #endif
 ltl fences     { [] (!stale_write && !reissued) }
 #endif
-
-/* Where later primitives go (docs/model.md, "Adding a primitive"):
-   ltl partitions       { [] ... }   never two believing owners of a partition */
+#endif /* GROUPS */

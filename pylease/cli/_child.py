@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from pylease.cli._watchdog import group_alive
+from pylease.cli._watchdog import group_alive, group_running
 
 ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM, signal.SIGWINCH)
@@ -51,6 +51,8 @@ LOST = 75  # EX_TEMPFAIL: somebody else has the lease now; try again later
 # the lease given back, for another to take it.
 STEPPED_DOWN = 76
 POLL = 0.1
+KILLED_WAIT = 1.0
+KILLED_POLL = 0.005
 
 Say = Callable[[str], None]
 
@@ -290,13 +292,13 @@ def _stop_leftovers(
 ) -> None:
     """Stop what the command left running in its group (SIGTERM, then SIGKILL after
     ``kill_after`` or at the local expiry), before the lease is released."""
-    if not group_alive(pgid):
+    if not group_running(pgid):
         return
     say(f"{argv[0]} exited, leaving processes of its group running; sending them SIGTERM")
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     end = time.monotonic() + kill_after
-    while group_alive(pgid):
+    while group_running(pgid):
         left = end - time.monotonic()
         if remaining is not None:
             left = min(left, remaining())
@@ -304,8 +306,23 @@ def _stop_leftovers(
             say(f"processes of {argv[0]}'s group still running; sending them SIGKILL")
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+            _await_killed(pgid)
             return
         time.sleep(min(POLL, left))
+
+
+def _await_killed(pgid: int) -> None:
+    """Return once SIGKILL has ended every process of the group, or after ``KILLED_WAIT``.
+
+    A pending SIGKILL ends a process only when the kernel next runs it, and a process in
+    uninterruptible sleep (disk or NFS I/O) finishes that first: the release waits for it,
+    so that the next holder is not granted while the command still writes. The bound
+    keeps a process stuck in the kernel from holding the release past the lease's expiry
+    by much; the lease is then lost anyway.
+    """
+    end = time.monotonic() + KILLED_WAIT
+    while group_running(pgid) and time.monotonic() < end:
+        time.sleep(KILLED_POLL)
 
 
 def _watch(

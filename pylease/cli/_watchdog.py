@@ -51,6 +51,34 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def group_running(pgid: int) -> bool:
+    """Whether a process of the group can still run: one that is not a zombie.
+
+    A process killed by SIGKILL is counted until the kernel has made it a zombie, which
+    ``killpg(pgid, 0)`` cannot tell apart from a live one. Without ``/proc`` this is
+    :func:`group_alive`.
+    """
+    if not group_alive(pgid):
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # it exited while we looked
+        # After the command's name in parentheses: state, ppid, pgrp, ...
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
 def _signal(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)

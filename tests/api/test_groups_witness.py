@@ -1,6 +1,7 @@
 """Five member processes share 64 partitions through joins, graceful leaves, SIGKILL and
-SIGSTOP: never two believing owners of a partition, and every partition owned again,
-by the member the assignment gives it to, within two ttls of each change.
+SIGSTOP, and a member whose network turns into a black hole: never two believing owners
+of a partition, and every partition owned again, by the member the assignment gives it
+to, within two ttls of each change.
 
 Each member process runs ``partitions()`` and, every SAMPLE seconds, samples into the
 belief witness what it believes of every partition it owned at the last look (so a
@@ -22,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.faultkit import BLACKHOLE, FORWARD, proxy
 from tests.support.safety_kit import Db
-from tests.support.witness import Witness
+from tests.support.witness import Witness, now_ns
 
 GRP = "queue"
 PARTS = 64
@@ -74,12 +76,13 @@ class Fleet:
         self.made = 0
         self.changes = 0
 
-    def start(self) -> str:
+    def start(self, url: str | None = None) -> str:
+        """Start a member process (through ``url``, the database's by default)."""
         self.made += 1
         name = f"w{self.made}"
         stop = self.ctx.Event()
         proc = self.ctx.Process(
-            target=member, args=(self.url, self.witness, name, stop), daemon=True
+            target=member, args=(url or self.url, self.witness, name, stop), daemon=True
         )
         proc.start()
         self.procs[name] = (proc, stop)
@@ -195,3 +198,76 @@ def test_members_come_and_go_and_never_two_believe_they_own_a_partition(
     # another meanwhile, and did not believe in them.
     stale = [e for e in events if e.kind == "belief" and not e.believes]
     assert stale, witness.story()
+
+
+def sampled_as_lost(witness: Witness, name: str, parts: set[str], since: int) -> bool:
+    """``name`` sampled each of ``parts`` as not believed, after ``since``."""
+    seen = {
+        e.name
+        for e in witness.events()
+        if e.kind == "belief" and e.holder == name and e.t > since and not e.believes
+    }
+    return parts <= seen
+
+
+def test_a_blackholed_member_stops_believing_before_its_partitions_are_retaken(
+    pg: Db, tmp_path: Path
+) -> None:
+    """Three members, one of them through a proxy that turns into a black hole: its
+    renewals go unanswered while it runs on, sampling. The others own its partitions
+    within two ttls, and it believed in none of them once another was granted it."""
+    witness = Witness(tmp_path / "witness.jsonl")
+    other = pg.backend()
+    fleet = Fleet(pg.url, witness)
+    with proxy(pg.url) as cut:
+        try:
+            names = [fleet.start(), fleet.start(), fleet.start(cut.dsn)]
+            victim = names[-1]
+            for name in names:
+                joined(other, name)
+            settle(other, fleet, "first joins", time.monotonic(), BOUND)
+            held = {r.name for r in other.status(None) if r.state == "held" and r.holder == victim}
+            assert held, "the assignment gave the blackholed member nothing"
+
+            cut_at, since = time.monotonic(), now_ns()
+            cut.set(BLACKHOLE)
+            witness.note("blackhole", GRP, victim)
+            fleet.alive.discard(victim)
+            settle(other, fleet, f"{victim} blackholed", cut_at)
+            # Its body runs on: each partition it held is sampled as lost before the
+            # network heals (a liveness bound: a loaded machine starves a process).
+            limit = time.monotonic() + BOUND
+            while not sampled_as_lost(witness, victim, held, since):
+                assert time.monotonic() < limit, witness.story()
+                time.sleep(0.05)
+            healed = now_ns()
+            cut.set(FORWARD)
+            witness.note("healed", GRP, victim)
+            fleet.alive.add(victim)
+            settle(other, fleet, f"{victim} healed", joined(other, victim))
+        finally:
+            fleet.close()
+    witness.assert_sound()
+    events = witness.events()
+    for part in sorted(held):
+        retaken = min(
+            (
+                e.t
+                for e in events
+                if e.kind == "grant" and e.name == part and e.holder != victim and e.t > since
+            ),
+            default=None,
+        )
+        assert retaken is not None, f"{part} was never granted to another\n{witness.story()}"
+        believed = [
+            e.t
+            for e in events
+            if e.kind == "belief"
+            and e.name == part
+            and e.holder == victim
+            and e.believes
+            and since < e.t < healed
+        ]
+        assert all(t < retaken for t in believed), (
+            f"{victim} believed in {part} once retaken\n{witness.story()}"
+        )

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_run import finish, pylease, start, status, wait_for
+from tests.leader.test_leader_cli import standing_by
 
 # A shell that starts work in the background and says so; then waits for it, or exits.
 TREE = 'sleep 300 & echo $! > "$0"; echo ready >> "$1"; {}'
@@ -210,3 +211,99 @@ def test_the_watchdog_ends_with_pylease(url: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert watchdogs_of(proc.pid) == []
     assert err == ""
+
+
+# A grandchild that stamps CLOCK_MONOTONIC (one clock for every process of the machine)
+# into a file every 2 ms and ignores SIGTERM: only the SIGKILL after --kill-after stops
+# it. Each stamp is taken while it runs, so a stamp later than another process's proves
+# it ran then.
+STAMPER = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while True:
+    os.write(fd, b"%d\n" % time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+    time.sleep(0.002)
+"""
+# The standby's command: its first act is its stamp, on the same clock.
+FIRST_STAMP = (
+    "import sys, time\n"
+    "with open(sys.argv[1], 'a') as f:\n"
+    "    f.write('%d\\n' % time.clock_gettime_ns(time.CLOCK_MONOTONIC))\n"
+)
+# The command's shell starts the stamper in the background, says its pid, and waits.
+STAMPING_TREE = '"$0" "$1" "$2" & echo $! > "$3"; wait'
+# Long enough that a loaded machine never loses the lease on the way (a loss stops the
+# command before it is asked to), short enough that a request is learnt within 3 s.
+STEP_TTL = "9s"
+
+
+def stamps(path: Path) -> list[int]:
+    text = path.read_text() if path.exists() else ""
+    return [int(line) for line in text[: text.rfind("\n") + 1].split()]
+
+
+@pytest.mark.parametrize("command", ["run", "leader"])
+@pytest.mark.parametrize("stop", ["request-release", "SIGTERM"])
+def test_the_grandchild_stops_before_the_standby_is_granted(
+    url: str, tmp_path: Path, started: list[subprocess.Popen[str]], command: str, stop: str
+) -> None:
+    stamper, stamped = tmp_path / "stamper.py", tmp_path / "stamps"
+    pidfile, first = tmp_path / "gpid", tmp_path / "standby"
+    stamper.write_text(STAMPER)
+    holder = start(
+        started, command, "job", "--ttl", STEP_TTL, "--kill-after", "1s", "--dsn", url, "--",
+        "sh", "-c", STAMPING_TREE, sys.executable, str(stamper), str(stamped), str(pidfile),
+    )  # fmt: skip
+    pid = grandchild(pidfile)
+    deadline = time.monotonic() + 30
+    while not stamps(stamped):
+        assert time.monotonic() < deadline and holder.poll() is None, "the stamper never ran"
+        time.sleep(0.02)
+    waits = ["--wait", "1m"] if command == "run" else []
+    standby = start(
+        started, command, "job", "--ttl", STEP_TTL, *waits, "--dsn", url, "--",
+        sys.executable, "-I", "-S", "-c", FIRST_STAMP, str(first),
+    )  # fmt: skip
+    standing_by(url, "job", standby)
+    asked_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    if stop == "SIGTERM":
+        holder.send_signal(signal.SIGTERM)
+    else:
+        asked = pylease("request-release", "job", "--dsn", url)
+        assert asked.returncode == 0, asked.stderr
+    code, err = finish(holder)
+    standby_code, standby_err = finish(standby)
+    assert standby_code == 0, standby_err
+    [granted] = stamps(first)
+    last = max(stamps(stamped))
+    assert last > asked_at, f"the grandchild was gone before it was asked to stop: {err}"
+    assert last < granted, (
+        f"the grandchild ran {(last - granted) / 1e6:.1f} ms into the standby's term: {err}"
+    )
+    assert not alive(pid), f"the grandchild outlived its pylease: {err}"
+    # The shell died of the SIGTERM (128+15), or pylease stepped down (76); either way
+    # only SIGKILL stopped the grandchild.
+    assert code == (76 if stop == "request-release" else 128 + signal.SIGTERM), err
+    assert "sending them SIGKILL" in err, err
+
+
+def test_a_group_whose_processes_were_killed_is_not_running_though_not_yet_reaped() -> None:
+    """The release after a SIGKILL waits for the group on this: a zombie has stopped writing,
+    while ``killpg(pgid, 0)`` still finds it."""
+    from pylease.cli._watchdog import group_alive, group_running
+
+    proc = subprocess.Popen(["sleep", "300"], process_group=0)
+    try:
+        assert group_running(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not alive(proc.pid), "SIGKILL did not end the process"
+        assert group_alive(proc.pid), "the zombie is still in its group until it is reaped"
+        assert not group_running(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not group_running(proc.pid)

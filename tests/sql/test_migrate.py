@@ -43,8 +43,8 @@ IDS = [
     "pylease-0017-permit-claim",
     "pylease-0018-renew-held",
     "pylease-0019-shares",
-    "pylease-0023-first-readers",
-    "pylease-0024-lean-paths",
+    "pylease-0020-first-readers",
+    "pylease-0021-lean-paths",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

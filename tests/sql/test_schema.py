@@ -42,8 +42,8 @@ MIGRATIONS = [
     "pylease-0017-permit-claim",
     "pylease-0018-renew-held",
     "pylease-0019-shares",
-    "pylease-0023-first-readers",
-    "pylease-0024-lean-paths",
+    "pylease-0020-first-readers",
+    "pylease-0021-lean-paths",
 ]
 FUNCTIONS = (
     "lease_claim",

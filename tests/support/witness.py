@@ -14,8 +14,10 @@ of events matter:
 
 The verdict fails on any belief of another holder stamped after a grant: at that
 moment somebody else held the lease while this one still thought it did. Stamping
-the grant late and the belief when sampled keeps the verdict free of false alarms;
-a test makes its holder keep sampling after the grant so the verdict has evidence.
+the grant late and the belief as its look begins keeps the verdict free of false
+alarms (a holder stopped between its look and a later stamp would be judged at its
+resumption); a test makes its holder keep sampling after the grant so the verdict has
+evidence.
 
 Each line is written with one ``write()`` on a file opened ``O_APPEND``, so lines
 from many writers never interleave.
@@ -84,16 +86,25 @@ class Witness:
         line = json.dumps(record, default=str) + "\n"
         os.write(self._fd, line.encode())
 
-    def record(self, kind: str, name: str, holder: str, **fields: Any) -> None:
+    def record(
+        self, kind: str, name: str, holder: str, *, at: int | None = None, **fields: Any
+    ) -> None:
+        """Append one event, stamped now or ``at`` (a :func:`now_ns` reading)."""
+        t = now_ns() if at is None else at
         self._write(
-            {"t": now_ns(), "kind": kind, "name": name, "holder": holder, "pid": os.getpid()}
-            | fields
+            {"t": t, "kind": kind, "name": name, "holder": holder, "pid": os.getpid()} | fields
         )
 
     # What holders and claimers report --------------------------------------------
 
     def sample(self, held: Any, who: str = "body") -> bool:
-        """Record what ``held`` believes now (``lost`` and ``check()``); return it."""
+        """Record what ``held`` believes now (``lost`` and ``check()``); return it.
+
+        Stamped before the look: a process stopped (SIGSTOP, a starved scheduler) between
+        its look and a later stamp would be judged at its resumption, for a belief that
+        held when it looked.
+        """
+        at = now_ns()
         lost = bool(held.lost)
         try:
             held.check()
@@ -102,7 +113,14 @@ class Witness:
             checked = False
         believes = not lost and checked
         self.record(
-            "belief", held.name, held.holder, believes=believes, lost=lost, check=checked, who=who
+            "belief",
+            held.name,
+            held.holder,
+            at=at,
+            believes=believes,
+            lost=lost,
+            check=checked,
+            who=who,
         )
         return believes
 

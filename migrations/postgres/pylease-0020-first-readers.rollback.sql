@@ -1,4 +1,4 @@
--- Undo pylease 0023: pylease_claim_shared as pylease-0019-shares defined it.
+-- Undo pylease 0020: pylease_claim_shared as pylease-0019-shares defined it.
 
 DO $pin$
 BEGIN

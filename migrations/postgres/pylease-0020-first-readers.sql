@@ -1,4 +1,4 @@
--- pylease 0023: readers of a name's first claims are never busy among themselves
+-- pylease 0020: readers of a name's first claims are never busy among themselves
 -- (issue 25; contract 5.2: a shared claim is busy only while a writer holds the name
 -- or waits for it). Keep sql/postgres/schema.sql in step.
 --   * pylease_claim_shared reads the name's row that a reader's first claim made (no
