@@ -25,6 +25,7 @@ import psycopg
 
 from benchmarks._core import Context, Section, Target, unique
 from benchmarks._stats import Contender, fmt_time, interleave, spread_text, summary
+from pylease import _operations as ops
 from pylease import partitions
 
 PARTITIONS = 64
@@ -39,10 +40,8 @@ SETTLED = (
     " JOIN LATERAL lease_status(%s || '#' || a.part) AS s ON true"
     " WHERE s.held AND s.holder = a.member"
 )
-RENEW_HELD = (
-    "SELECT count(*) FILTER (WHERE renewed) FROM pylease_renew_held("
-    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])"
-)
+# The keeper's own statement, as it sends it (its arrays in binary), counted.
+RENEW_HELD = f"SELECT count(*) FILTER (WHERE renewed) FROM ({ops.RENEW_HELD.postgres}) AS r"
 RENEW_MANY = "SELECT count(*) FILTER (WHERE renewed) FROM lease_renew_many(%s, %s, %s, %s)"
 
 

@@ -3,16 +3,21 @@
 Every async name here has a sync twin of the name ``tools/async_to_sync.py`` gives
 it (``ALock`` -> ``Lock``, ``aspawn`` -> ``spawn``, ...), so one source runs on an
 event loop and, generated, on threads.
+
+The async names are made on first use: a program that only runs the sync twins (the
+command line on SQLite) never imports asyncio, which alone costs a start-up tens of ms.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -28,15 +33,40 @@ def monotonic() -> float:
 
 
 # Held across awaits: a connection's one statement at a time.
-ALock = asyncio.Lock
 Lock = threading.Lock
-ACondition = asyncio.Condition
 Condition = threading.Condition
-AEvent = asyncio.Event
 Event = threading.Event
 # What runs a background loop: a task, or a daemon thread.
-AWorker = asyncio.Task[None]
 Worker = threading.Thread
+if TYPE_CHECKING:
+    ALock = asyncio.Lock
+    ACondition = asyncio.Condition
+    AEvent = asyncio.Event
+    AWorker = asyncio.Task[None]
+    asleep = asyncio.sleep
+    ato_thread = asyncio.to_thread
+else:
+    # asyncio's own, looked up when an async module first imports them.
+    _ASYNCIO = {
+        "ALock": "Lock",
+        "ACondition": "Condition",
+        "AEvent": "Event",
+        "AWorker": "Task",
+        "asleep": "sleep",
+        "ato_thread": "to_thread",
+    }
+
+    def __getattr__(name: str) -> Any:
+        found = _ASYNCIO.get(name)
+        if found is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import asyncio
+
+        value = getattr(asyncio, found)
+        globals()[name] = value
+        return value
+
+
 # Guards state changed without awaiting in between: on one event loop nothing else
 # runs meanwhile, so only threads need a lock.
 Mutex = threading.Lock
@@ -61,6 +91,8 @@ def aspawn(
     fn: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str
 ) -> asyncio.Task[None]:
     """Run ``fn(*args)`` in a task of its own on the running loop."""
+    import asyncio
+
     return asyncio.get_running_loop().create_task(fn(*args), name=name)
 
 
@@ -71,9 +103,7 @@ def spawn(fn: Callable[..., None], *args: Any, name: str) -> threading.Thread:
     return thread
 
 
-asleep = asyncio.sleep
 sleep = time.sleep
-ato_thread = asyncio.to_thread
 
 
 def to_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -86,6 +116,8 @@ async def alock_within(lock: asyncio.Lock, timeout: float) -> bool:
     if not lock.locked():
         await lock.acquire()  # free: taken at once, without a task to time it
         return True
+    import asyncio
+
     try:
         await asyncio.wait_for(lock.acquire(), timeout)
     except TimeoutError:
@@ -99,6 +131,8 @@ def lock_within(lock: threading.Lock, timeout: float) -> bool:
 
 async def acondition_wait(cond: asyncio.Condition, timeout: float) -> bool:
     """Wait on ``cond`` (held) up to ``timeout`` seconds; False on timeout."""
+    import asyncio
+
     try:
         await asyncio.wait_for(cond.wait(), timeout)
     except TimeoutError:

@@ -28,14 +28,15 @@ of the caller: pass the ``Connection`` or ``Session`` whose transaction holds th
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg.pq import ConnStatus, TransactionStatus
+from pylease._targets import in_event_loop, is_psycopg
+
+if TYPE_CHECKING:
+    import psycopg
 
 logger = logging.getLogger("pylease")
 
@@ -52,14 +53,10 @@ WAKE_WAIT = 0.5
 # None: still open; True: ended, release; False: ended unknowably, let the lease expire.
 Watch = Callable[[], bool | None]
 
-_IDLE = int(TransactionStatus.IDLE)
-_UNKNOWN = int(TransactionStatus.UNKNOWN)
-_OK = int(ConnStatus.OK)
-
 
 def watch(target: object) -> Watch | None:
     """How to tell that the caller's transaction open now has ended; None if none is open."""
-    if isinstance(target, (psycopg.Connection, psycopg.AsyncConnection)):
+    if is_psycopg(target):
         return _psycopg(target)
     if isinstance(target, sqlite3.Connection):
         return _sqlite(target)
@@ -80,7 +77,7 @@ def owner(target: object) -> object:
                 target, "sync_connection", target
             )
         if cls.__module__.startswith("django."):
-            if _in_event_loop():
+            if in_event_loop():
                 return None
             from django.db import connections
 
@@ -89,26 +86,23 @@ def owner(target: object) -> object:
     return target
 
 
-def open_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """True when ``conn`` is inside a transaction (or running a statement) now."""
-    if conn.closed:
-        return False
-    return int(conn.pgconn.transaction_status) != _IDLE
-
-
 def _psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Watch | None:
-    if not open_transaction(conn):
-        return None
+    from psycopg.pq import ConnStatus, TransactionStatus  # loaded: conn is psycopg's
+
+    idle, unknown = int(TransactionStatus.IDLE), int(TransactionStatus.UNKNOWN)
+    ok = int(ConnStatus.OK)
+    if conn.closed or int(conn.pgconn.transaction_status) == idle:
+        return None  # no transaction of the caller's is open (nor a statement running)
     pgconn = conn.pgconn
 
     def ended() -> bool | None:
         # Read on the keeper's thread: libpq's status fields, no I/O, no lock.
         status = int(pgconn.transaction_status)
-        if pgconn.status != _OK or status == _UNKNOWN:
+        if pgconn.status != ok or status == unknown:
             # Closed by its owner: the server rolled back. Broken: perhaps with its
             # COMMIT on the way, and nobody can know whether that landed.
             return not conn.broken
-        return True if status == _IDLE else None
+        return True if status == idle else None
 
     return ended
 
@@ -146,13 +140,13 @@ def _sqlalchemy(target: Any) -> Watch | None:
             return lambda: None if tx.is_active else True
     if isinstance(target, Connection) and not target.closed:
         driver = target.connection.driver_connection
-        if isinstance(driver, (psycopg.Connection, psycopg.AsyncConnection)):
+        if is_psycopg(driver):
             return _psycopg(driver)
     return None
 
 
 def _django(target: Any) -> Watch | None:
-    if getattr(target, "vendor", None) is None or _in_event_loop():
+    if getattr(target, "vendor", None) is None or in_event_loop():
         # In an event loop no transaction of Django's can be open on this thread, and
         # pylease reached the database by its settings (pylease._orm).
         return None
@@ -164,7 +158,7 @@ def _django(target: Any) -> Watch | None:
     if wrapper.in_atomic_block:
         return _on_commit(wrapper)
     conn = wrapper.connection
-    if isinstance(conn, (psycopg.Connection, psycopg.AsyncConnection)):
+    if is_psycopg(conn):
         return _psycopg(conn)  # manual transaction management (autocommit off)
     return None
 
@@ -192,14 +186,6 @@ def _on_commit(wrapper: Any) -> Watch:
         return True
 
     return ended
-
-
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class Deferred:

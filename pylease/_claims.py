@@ -11,7 +11,6 @@ parent's leases).
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import sys
 import threading
@@ -134,4 +133,5 @@ def default_holder() -> str:
     if _holder_prefix is None or _holder_prefix[0] != pid:
         # The host name is asked once per process (it is a system call per claim).
         _holder_prefix = (pid, f"{socket.gethostname()}:{pid}:")
-    return _holder_prefix[1] + secrets.token_hex(16)
+    # What secrets.token_hex(16) returns, without importing secrets (hmac, OpenSSL).
+    return _holder_prefix[1] + os.urandom(16).hex()

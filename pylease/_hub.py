@@ -18,6 +18,9 @@ queue of waiting processes (:mod:`pylease._waiting`), which wakes its head.
 When the listener's connection is lost, every head is woken to claim once and polls
 until the reader has LISTENed again (with backoff); a release missed meanwhile is found
 by that claim.
+
+A hub exists only for a PostgreSQL target, so the driver is imported where a hub
+connects: a lease on SQLite, which polls, never loads it.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ import logging
 import os
 import random
 from collections import deque
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from pylease._acompat import Event, Lock, Mutex, Worker, monotonic, sleep, spawn
 from pylease._held import default_holder
-from pylease.postgres._conninfo import CHANNEL, LISTEN_APP, own_conninfo
+
+if TYPE_CHECKING:
+    import psycopg
 
 logger = logging.getLogger("pylease")
 
@@ -201,6 +204,8 @@ class Hub:
 
     def start(self) -> None:
         """LISTEN now (once), so that no release after this call goes unheard."""
+        import psycopg
+
         with self._open_lock:
             if self.worker is not None:
                 return
@@ -214,6 +219,10 @@ class Hub:
             self.worker = spawn(self._run, name="pylease-listen")
 
     def _open(self) -> psycopg.Connection[Any]:
+        import psycopg
+
+        from pylease.postgres._conninfo import CHANNEL, LISTEN_APP, own_conninfo
+
         conn = psycopg.Connection.connect(
             own_conninfo(self.conninfo, LISTEN_APP), autocommit=True, prepare_threshold=None
         )
@@ -302,6 +311,8 @@ class Hub:
             return True
 
     def _run(self) -> None:
+        import psycopg
+
         backoff = FIRST_RELISTEN
         try:
             while not self._done():
@@ -336,6 +347,8 @@ class Hub:
 
 
 def _close(conn: psycopg.Connection[Any]) -> None:
+    import psycopg
+
     # Closing a broken connection: nothing is left to tell.
     with contextlib.suppress(psycopg.Error):
         conn.close()

@@ -17,6 +17,9 @@ queue of waiting processes (:mod:`pylease._waiting_async`), which wakes its head
 When the listener's connection is lost, every head is woken to claim once and polls
 until the reader has LISTENed again (with backoff); a release missed meanwhile is found
 by that claim.
+
+A hub exists only for a PostgreSQL target, so the driver is imported where a hub
+connects: a lease on SQLite, which polls, never loads it.
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ import os
 import random
 import weakref
 from collections import deque
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from pylease._acompat import AEvent, ALock, AMutex, AWorker, asleep, aspawn, monotonic
 from pylease._held import default_holder
-from pylease.postgres._conninfo import CHANNEL, LISTEN_APP, own_conninfo
+
+if TYPE_CHECKING:
+    import psycopg
 
 logger = logging.getLogger("pylease")
 
@@ -202,6 +205,8 @@ class AsyncHub:
 
     async def start(self) -> None:
         """LISTEN now (once), so that no release after this call goes unheard."""
+        import psycopg
+
         async with self._open_lock:
             if self.worker is not None:
                 return
@@ -215,6 +220,10 @@ class AsyncHub:
             self.worker = aspawn(self._run, name="pylease-listen")
 
     async def _open(self) -> psycopg.AsyncConnection[Any]:
+        import psycopg
+
+        from pylease.postgres._conninfo import CHANNEL, LISTEN_APP, own_conninfo
+
         conn = await psycopg.AsyncConnection.connect(
             own_conninfo(self.conninfo, LISTEN_APP), autocommit=True, prepare_threshold=None
         )
@@ -303,6 +312,8 @@ class AsyncHub:
             return True
 
     async def _run(self) -> None:
+        import psycopg
+
         backoff = FIRST_RELISTEN
         try:
             while not self._done():
@@ -337,6 +348,8 @@ class AsyncHub:
 
 
 async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
+    import psycopg
+
     # Closing a broken connection: nothing is left to tell.
     with contextlib.suppress(psycopg.Error):
         await conn.close()

@@ -27,45 +27,25 @@ is idle.
 
 from __future__ import annotations
 
-import functools
 import logging
 import sqlite3
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol, TypeVar
-
-import psycopg
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pylease import _budget
 from pylease import dsn as dsn_mod
-from pylease._acompat import Lock, Mutex, lock_within, monotonic, spawn, to_thread
+from pylease._acompat import Lock, Mutex, lock_within, monotonic, to_thread
 from pylease._backend import Backend
 from pylease._budget import FLOOR
 from pylease._orm import adapt
 from pylease._targets import bad_target as bad_target
-from pylease._targets import is_idle as is_idle
-from pylease._targets import pool_class
+from pylease._targets import is_connection, is_pool
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
 from pylease.errors import DatabaseUnavailable, InvalidArgument
-from pylease.postgres._abandon import STATEMENT_BOUND, bounded
-from pylease.postgres._backend import (
-    PostgresBackend,
-    connect_own,
-    connection_schema,
-    not_installed,
-    run_committed,
-    schemas,
-    wrap_errors,
-)
-from pylease.postgres._conninfo import CHANNEL as CHANNEL
-from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
-from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
-from pylease.postgres._conninfo import check_url as check_url
-from pylease.postgres._conninfo import connection_conninfo as connection_conninfo
-from pylease.postgres._conninfo import conninfo_of
-from pylease.postgres._conninfo import is_postgres_url as is_postgres_url
-from pylease.postgres._conninfo import own_conninfo as own_conninfo
-from pylease.postgres._conninfo import pool_conninfo as pool_conninfo
+
+if TYPE_CHECKING:
+    import psycopg
 
 T = TypeVar("T")
 Op = Callable[[Backend], T]
@@ -155,159 +135,6 @@ class SchemaSource:
 
     def schema(self, name: str | None) -> str | None:
         return self._schema
-
-    def close(self) -> None:
-        pass
-
-
-class ConninfoSource:
-    """One connection of pylease's own, opened on first use and again after it breaks.
-
-    Built for every lease but kept only by the first of its key (see the registry),
-    so everything derived from the conninfo is computed when first needed.
-    """
-
-    def __init__(self, conninfo: str) -> None:
-        self.key: Hashable = ("postgres", conninfo)
-        self._given = conninfo
-        self._lock = Lock()
-        self._conn: psycopg.Connection[Any] | None = None
-        self._schema: str | None = None
-        self._closing: Any = None
-
-    @functools.cached_property
-    def label(self) -> str:
-        return dsn_mod.redact(self._given)
-
-    def schema(self, name: str | None) -> str | None:
-        if self._schema is None:
-            # Its connection has no session state: the conninfo's options and the
-            # role's and database's settings make its search_path.
-            self._schema = self.run(find_schema, name=name, retry=True)
-            if self._schema is None:
-                raise not_installed(name)
-        return self._schema
-
-    @functools.cached_property
-    def _conninfo(self) -> str:
-        return own_conninfo(self._given, HEARTBEAT_APP)
-
-    def run(
-        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
-    ) -> T:
-        take(self._lock, name)
-        try:
-            fresh = self._conn is None or self._conn.closed or self._conn.broken
-            if fresh:
-                self._discard()
-                self._conn = connect_own(self._conninfo, name)
-            assert self._conn is not None
-            try:
-                with bounded(self._conn):
-                    return op(PostgresBackend(self._conn))
-            except DatabaseUnavailable:
-                self._discard()
-                if fresh or not retry:
-                    raise
-            # The connection broke while it sat idle (server restart, terminated
-            # backend): one fresh attempt before reporting it.
-            self._conn = connect_own(self._conninfo, name)
-            with bounded(self._conn):
-                return op(PostgresBackend(self._conn))
-        finally:
-            self._lock.release()
-
-    def _discard(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-
-    def close(self) -> None:
-        left = _budget.left()
-        if left is None:
-            self._close()
-        elif lock_within(self._lock, left):
-            try:
-                self._discard()
-            finally:
-                self._lock.release()
-        else:
-            # A block's exit whose budget ran out while a renewal, hung, held the
-            # connection: it is closed once that renewal ends.
-            self._closing = spawn(self._close, name="pylease-close")
-
-    def _close(self) -> None:
-        with self._lock:
-            self._discard()
-
-
-class PoolSource:
-    """A psycopg_pool pool: each operation borrows a connection."""
-
-    def __init__(self, pool: Any) -> None:
-        self.key: Hashable = ("pool", id(pool))
-        self.label = f"pool {pool.name!r}"
-        self.pool = pool
-
-    def run(
-        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
-    ) -> T:
-        # A pool's own wait for a free connection may be long (30 s by default), and
-        # without a connect timeout of its own, endless while the database is silent.
-        wait = _budget.wait_bound(STATEMENT_BOUND if urgent else None)
-        tries = self.pool.max_size + 1 if retry else 1
-        while True:
-            tries -= 1
-            started = monotonic()
-            try:
-                return self._run(op, name, wait)
-            except DatabaseUnavailable:
-                # After a restart every idle connection of the pool is broken: each
-                # fails at once, and the pool replaces it. A failure that took its time
-                # is a silent database, which another attempt would wait for again.
-                if tries <= 0 or monotonic() - started > AT_ONCE or not _budget.spare(FLOOR):
-                    raise
-
-    def _run(self, op: Op[T], name: str | None, wait: float | None) -> T:
-        with wrap_errors(name), self.pool.connection(timeout=wait) as conn:
-            result: T = run_committed(conn, op)
-            return result
-
-    def schema(self, name: str | None) -> str | None:
-        found = schemas.get(self.pool)
-        if found is None:
-            # Looked up once per pool: its connections are configured alike.
-            found = self.run(find_schema, name=name, retry=True)
-            if found is None:
-                raise not_installed(name)
-            schemas[self.pool] = found
-        return found
-
-    def close(self) -> None:
-        pass
-
-
-class ConnectionSource:
-    """A connection the user dedicated to pylease (``heartbeat_target=conn``)."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.key: Hashable = ("connection", id(conn))
-        self.label = "a dedicated connection"
-        self.conn = conn
-        self._lock = Lock()
-
-    def run(
-        self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
-    ) -> T:
-        take(self._lock, name)
-        try:
-            return run_committed(self.conn, op)
-        finally:
-            self._lock.release()
-
-    def schema(self, name: str | None) -> str | None:
-        with self._lock:
-            return connection_schema(self.conn, name)
 
     def close(self) -> None:
         pass
@@ -416,6 +243,8 @@ class Link:
         """The schema every statement of this link names (None: SQLite), found once."""
         if self._schema is None and not self.sqlite:
             if self.conn is not None:
+                from pylease.postgres._backend import connection_schema
+
                 self._schema = connection_schema(self.conn, name)
             else:
                 self._schema = self.source.schema(name)
@@ -436,9 +265,13 @@ class Link:
     ) -> T:
         op = in_schema(op, self._schema or self.schema(name))
         conn = self.conn
-        if conn is not None and (is_idle(conn) or conn.closed):
-            # A closed connection fails loudly here rather than silently elsewhere.
-            return run_committed(conn, op)
+        if conn is not None:
+            from pylease.postgres._backend import run_committed
+            from pylease.postgres._conninfo import is_idle
+
+            if is_idle(conn) or conn.closed:
+                # A closed connection fails loudly here rather than silently elsewhere.
+                return run_committed(conn, op)
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
@@ -461,8 +294,12 @@ class Link:
 
     def _release(self, op: Op[T], name: str) -> T:
         conn = self.conn
-        if conn is not None and is_idle(conn):
-            return run_committed(conn, op)
+        if conn is not None:
+            from pylease.postgres._backend import run_committed
+            from pylease.postgres._conninfo import is_idle
+
+            if is_idle(conn):
+                return run_committed(conn, op)
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
@@ -475,24 +312,22 @@ class Link:
 def source_for(target: object, parameter: str = "target") -> tuple[Source, str | None]:
     """The renewal source of a target, and the conninfo to LISTEN with (None: cannot)."""
     target = adapt(target, parameter)  # ORM targets: SQLAlchemy, Django (pylease._orm)
-    pool_cls = pool_class()
-    if isinstance(target, str):
-        if dsn_mod.is_sqlite(target):
-            if target.partition("?")[0] == "sqlite:///:memory:":
-                raise in_memory(parameter)
-            return SqliteSource(target), None
-        if is_postgres_url(target):
-            check_url(target, parameter)
-            return ConninfoSource(target), target
-    elif isinstance(target, psycopg.Connection):
-        return ConnectionSource(target), connection_conninfo(target)
-    elif pool_cls is not None and isinstance(target, pool_cls):
-        return PoolSource(target), pool_conninfo(target)
-    elif isinstance(target, sqlite3.Connection):
+    if isinstance(target, str) and dsn_mod.is_sqlite(target):
+        if target.partition("?")[0] == "sqlite:///:memory:":
+            raise in_memory(parameter)
+        return SqliteSource(target), None
+    if isinstance(target, sqlite3.Connection):
         location = sqlite_location(target)
         if location is None:
             raise in_memory(parameter)
         return SqliteSource(location), None
+    if isinstance(target, str) or is_connection(target) or is_pool(target):
+        # Only now the driver: a lease on SQLite never loads it.
+        from pylease.postgres import _sources
+
+        found = _sources.source_for(target, parameter)
+        if found is not None:
+            return found
     raise bad_target(target, parameter, "lease")
 
 
@@ -510,7 +345,7 @@ def in_memory(parameter: str) -> InvalidArgument:
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
-    if isinstance(target, psycopg.Connection):
+    if is_connection(target):
         if heartbeat_target is target:
             raise InvalidArgument(
                 "pylease: heartbeat_target must not be the lease's own connection: a renewal"
@@ -537,7 +372,7 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     """The :class:`Link` for a target.
 
     For a bare connection renewals run on a second connection opened with the
-    same parameters (password included, see :func:`connection_conninfo`), unless
+    same parameters (password included), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
@@ -551,10 +386,12 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
             " transaction)",
             parameter="target",
         )
-    if isinstance(target, psycopg.Connection):
+    if is_connection(target):
         if heartbeat_target is None:
-            conninfo = conninfo_of(target)
-            return Link(ConninfoSource(conninfo), conn=target, listen_conninfo=conninfo)
+            from pylease.postgres._sources import own_source
+
+            renewals, conninfo = own_source(target)
+            return Link(renewals, conn=target, listen_conninfo=conninfo)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return Link(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)

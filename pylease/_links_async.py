@@ -27,46 +27,26 @@ is idle.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import sqlite3
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, Protocol, TypeVar
-
-import psycopg
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pylease import _budget
 from pylease import dsn as dsn_mod
-from pylease._acompat import ALock, AMutex, alock_within, aspawn, ato_thread, monotonic
+from pylease._acompat import ALock, AMutex, alock_within, ato_thread, monotonic
 from pylease._backend_async import AsyncBackend
 from pylease._budget import FLOOR
 from pylease._orm import adapt
-from pylease._targets import async_pool_class
 from pylease._targets import bad_target as bad_target
-from pylease._targets import is_idle as is_idle
+from pylease._targets import is_async_connection, is_async_pool
 from pylease._targets import sqlite_location as sqlite_location
 from pylease._targets import sqlite_module as sqlite_module
 from pylease.errors import DatabaseUnavailable, InvalidArgument
-from pylease.postgres._abandon import STATEMENT_BOUND, bounded
-from pylease.postgres._backend_async import (
-    AsyncPostgresBackend,
-    connect_own,
-    connection_schema,
-    not_installed,
-    run_committed,
-    schemas,
-    wrap_errors,
-)
-from pylease.postgres._conninfo import CHANNEL as CHANNEL
-from pylease.postgres._conninfo import HEARTBEAT_APP as HEARTBEAT_APP
-from pylease.postgres._conninfo import LISTEN_APP as LISTEN_APP
-from pylease.postgres._conninfo import check_url as check_url
-from pylease.postgres._conninfo import connection_conninfo as connection_conninfo
-from pylease.postgres._conninfo import conninfo_of
-from pylease.postgres._conninfo import is_postgres_url as is_postgres_url
-from pylease.postgres._conninfo import own_conninfo as own_conninfo
-from pylease.postgres._conninfo import pool_conninfo as pool_conninfo
+
+if TYPE_CHECKING:
+    import psycopg
 
 T = TypeVar("T")
 AsyncOp = Callable[[AsyncBackend], Awaitable[T]]
@@ -156,164 +136,6 @@ class AsyncSchemaSource:
 
     async def schema(self, name: str | None) -> str | None:
         return self._schema
-
-    async def close(self) -> None:
-        pass
-
-
-class AsyncConninfoSource:
-    """One connection of pylease's own, opened on first use and again after it breaks.
-
-    Built for every lease but kept only by the first of its key (see the registry),
-    so everything derived from the conninfo is computed when first needed.
-    """
-
-    def __init__(self, conninfo: str) -> None:
-        self.key: Hashable = ("postgres", conninfo)
-        self._given = conninfo
-        self._lock = ALock()
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._schema: str | None = None
-        self._closing: Any = None
-
-    @functools.cached_property
-    def label(self) -> str:
-        return dsn_mod.redact(self._given)
-
-    async def schema(self, name: str | None) -> str | None:
-        if self._schema is None:
-            # Its connection has no session state: the conninfo's options and the
-            # role's and database's settings make its search_path.
-            self._schema = await self.run(find_schema, name=name, retry=True)
-            if self._schema is None:
-                raise not_installed(name)
-        return self._schema
-
-    @functools.cached_property
-    def _conninfo(self) -> str:
-        return own_conninfo(self._given, HEARTBEAT_APP)
-
-    async def run(
-        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
-    ) -> T:
-        await take(self._lock, name)
-        try:
-            fresh = self._conn is None or self._conn.closed or self._conn.broken
-            if fresh:
-                await self._discard()
-                self._conn = await connect_own(self._conninfo, name)
-            assert self._conn is not None
-            try:
-                with bounded(self._conn):
-                    return await op(AsyncPostgresBackend(self._conn))
-            except DatabaseUnavailable:
-                await self._discard()
-                if fresh or not retry:
-                    raise
-            except asyncio.CancelledError:  # ASYNC
-                # Cancelled mid-statement: the connection's state is unknown.
-                await asyncio.shield(self._discard())
-                raise
-            # The connection broke while it sat idle (server restart, terminated
-            # backend): one fresh attempt before reporting it.
-            self._conn = await connect_own(self._conninfo, name)
-            with bounded(self._conn):
-                return await op(AsyncPostgresBackend(self._conn))
-        finally:
-            self._lock.release()
-
-    async def _discard(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await conn.close()
-
-    async def close(self) -> None:
-        left = _budget.left()
-        if left is None:
-            await self._close()
-        elif await alock_within(self._lock, left):
-            try:
-                await self._discard()
-            finally:
-                self._lock.release()
-        else:
-            # A block's exit whose budget ran out while a renewal, hung, held the
-            # connection: it is closed once that renewal ends.
-            self._closing = aspawn(self._close, name="pylease-close")
-
-    async def _close(self) -> None:
-        async with self._lock:
-            await self._discard()
-
-
-class AsyncPoolSource:
-    """A psycopg_pool pool: each operation borrows a connection."""
-
-    def __init__(self, pool: Any) -> None:
-        self.key: Hashable = ("pool", id(pool))
-        self.label = f"pool {pool.name!r}"
-        self.pool = pool
-
-    async def run(
-        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
-    ) -> T:
-        # A pool's own wait for a free connection may be long (30 s by default), and
-        # without a connect timeout of its own, endless while the database is silent.
-        wait = _budget.wait_bound(STATEMENT_BOUND if urgent else None)
-        tries = self.pool.max_size + 1 if retry else 1
-        while True:
-            tries -= 1
-            started = monotonic()
-            try:
-                return await self._run(op, name, wait)
-            except DatabaseUnavailable:
-                # After a restart every idle connection of the pool is broken: each
-                # fails at once, and the pool replaces it. A failure that took its time
-                # is a silent database, which another attempt would wait for again.
-                if tries <= 0 or monotonic() - started > AT_ONCE or not _budget.spare(FLOOR):
-                    raise
-
-    async def _run(self, op: AsyncOp[T], name: str | None, wait: float | None) -> T:
-        with wrap_errors(name):
-            async with self.pool.connection(timeout=wait) as conn:
-                result: T = await run_committed(conn, op)
-                return result
-
-    async def schema(self, name: str | None) -> str | None:
-        found = schemas.get(self.pool)
-        if found is None:
-            # Looked up once per pool: its connections are configured alike.
-            found = await self.run(find_schema, name=name, retry=True)
-            if found is None:
-                raise not_installed(name)
-            schemas[self.pool] = found
-        return found
-
-    async def close(self) -> None:
-        pass
-
-
-class AsyncConnectionSource:
-    """A connection the user dedicated to pylease (``heartbeat_target=conn``)."""
-
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.key: Hashable = ("connection", id(conn))
-        self.label = "a dedicated connection"
-        self.conn = conn
-        self._lock = ALock()
-
-    async def run(
-        self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
-    ) -> T:
-        await take(self._lock, name)
-        try:
-            return await run_committed(self.conn, op)
-        finally:
-            self._lock.release()
-
-    async def schema(self, name: str | None) -> str | None:
-        async with self._lock:
-            return await connection_schema(self.conn, name)
 
     async def close(self) -> None:
         pass
@@ -434,6 +256,8 @@ class AsyncLink:
         """The schema every statement of this link names (None: SQLite), found once."""
         if self._schema is None and not self.sqlite:
             if self.conn is not None:
+                from pylease.postgres._backend_async import connection_schema
+
                 self._schema = await connection_schema(self.conn, name)
             else:
                 self._schema = await self.source.schema(name)
@@ -454,9 +278,13 @@ class AsyncLink:
     ) -> T:
         op = in_schema(op, self._schema or await self.schema(name))
         conn = self.conn
-        if conn is not None and (is_idle(conn) or conn.closed):
-            # A closed connection fails loudly here rather than silently elsewhere.
-            return await run_committed(conn, op)
+        if conn is not None:
+            from pylease.postgres._backend_async import run_committed
+            from pylease.postgres._conninfo import is_idle
+
+            if is_idle(conn) or conn.closed:
+                # A closed connection fails loudly here rather than silently elsewhere.
+                return await run_committed(conn, op)
         if True:  # ASYNC
             pass  # no sqlite_conn on an event loop: see the module's docstring
         else:
@@ -482,8 +310,12 @@ class AsyncLink:
 
     async def _release(self, op: AsyncOp[T], name: str) -> T:
         conn = self.conn
-        if conn is not None and is_idle(conn):
-            return await run_committed(conn, op)
+        if conn is not None:
+            from pylease.postgres._backend_async import run_committed
+            from pylease.postgres._conninfo import is_idle
+
+            if is_idle(conn):
+                return await run_committed(conn, op)
         if True:  # ASYNC
             pass
         else:
@@ -499,24 +331,22 @@ class AsyncLink:
 def source_for(target: object, parameter: str = "target") -> tuple[AsyncSource, str | None]:
     """The renewal source of a target, and the conninfo to LISTEN with (None: cannot)."""
     target = adapt(target, parameter)  # ORM targets: SQLAlchemy, Django (pylease._orm)
-    pool_cls = async_pool_class()
-    if isinstance(target, str):
-        if dsn_mod.is_sqlite(target):
-            if target.partition("?")[0] == "sqlite:///:memory:":
-                raise in_memory(parameter)
-            return AsyncSqliteSource(target), None
-        if is_postgres_url(target):
-            check_url(target, parameter)
-            return AsyncConninfoSource(target), target
-    elif isinstance(target, psycopg.AsyncConnection):
-        return AsyncConnectionSource(target), connection_conninfo(target)
-    elif pool_cls is not None and isinstance(target, pool_cls):
-        return AsyncPoolSource(target), pool_conninfo(target)
-    elif isinstance(target, sqlite3.Connection):
+    if isinstance(target, str) and dsn_mod.is_sqlite(target):
+        if target.partition("?")[0] == "sqlite:///:memory:":
+            raise in_memory(parameter)
+        return AsyncSqliteSource(target), None
+    if isinstance(target, sqlite3.Connection):
         location = sqlite_location(target)
         if location is None:
             raise in_memory(parameter)
         return AsyncSqliteSource(location), None
+    if isinstance(target, str) or is_async_connection(target) or is_async_pool(target):
+        # Only now the driver: a lease on SQLite never loads it.
+        from pylease.postgres import _sources_async
+
+        found = _sources_async.source_for(target, parameter)
+        if found is not None:
+            return found
     raise bad_target(target, parameter, "alease")
 
 
@@ -534,7 +364,7 @@ def in_memory(parameter: str) -> InvalidArgument:
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
-    if isinstance(target, psycopg.AsyncConnection):
+    if is_async_connection(target):
         if heartbeat_target is target:
             raise InvalidArgument(
                 "pylease: heartbeat_target must not be the lease's own connection: a renewal"
@@ -561,7 +391,7 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
     """The :class:`AsyncLink` for a target.
 
     For a bare connection renewals run on a second connection opened with the
-    same parameters (password included, see :func:`connection_conninfo`), unless
+    same parameters (password included), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
@@ -575,10 +405,12 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
             " transaction)",
             parameter="target",
         )
-    if isinstance(target, psycopg.AsyncConnection):
+    if is_async_connection(target):
         if heartbeat_target is None:
-            conninfo = conninfo_of(target)
-            return AsyncLink(AsyncConninfoSource(conninfo), conn=target, listen_conninfo=conninfo)
+            from pylease.postgres._sources_async import own_source
+
+            renewals, conninfo = own_source(target)
+            return AsyncLink(renewals, conn=target, listen_conninfo=conninfo)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return AsyncLink(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)

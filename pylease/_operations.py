@@ -381,12 +381,14 @@ GROUP_STATUS = Operation(
 # semaphore slots of a process, each element at its own ttl.
 # Each element only in the tenure the keeper knows (migration 0012): a lease's fence, a
 # reader's epoch (migration 0013); a permit's slot and that slot's fence. None: whatever
-# tenure the holder has.
+# tenure the holder has. Its arrays go in binary (%b): psycopg writes a list as text at
+# about twice binary's cost per element, and the server reads binary faster, so a tick of
+# 65 elements, six arrays, costs some 100 µs less (bench 13-member-tick).
 RENEW_HELD = Operation(
     "renew_held",
     GRANT,
     "SELECT name, renewed, expires_at, server_time, release_requested_by FROM pylease_renew_held("
-    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])",
+    "%b::text[], %b::text[], %b::text[], %b::interval[], %b::bigint[], %b::integer[])",
     ("kinds", "names", "holders", "ttls", "fences", "slots"),
     Renewal,
 )
@@ -395,7 +397,7 @@ RENEW_HELD_NO_REQUESTS = Operation(
     "renew_held",
     GRANT,
     "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
-    "%s::text[], %s::text[], %s::text[], %s::interval[], %s::bigint[], %s::integer[])",
+    "%b::text[], %b::text[], %b::text[], %b::interval[], %b::bigint[], %b::integer[])",
     ("kinds", "names", "holders", "ttls", "fences", "slots"),
     Renewal,
 )
@@ -452,7 +454,7 @@ RENEW_HELD_ANY = Operation(
     "renew_held_any",
     GRANT,
     "SELECT name, renewed, expires_at, server_time FROM pylease_renew_held("
-    "%s::text[], %s::text[], %s::text[], %s::interval[])",
+    "%b::text[], %b::text[], %b::text[], %b::interval[])",
     (),
     Renewal,
 )

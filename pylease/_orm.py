@@ -23,12 +23,9 @@ its class comes from, so the core never requires either.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import psycopg
-from psycopg import conninfo as pg_conninfo
-
+from pylease._targets import in_event_loop, is_psycopg
 from pylease.errors import InvalidArgument
 
 # SQLAlchemy drivers that speak libpq's parameters: their URLs are libpq URLs.
@@ -47,7 +44,7 @@ def adapt(target: object, parameter: str = "target") -> object:
         if target.startswith(("postgresql+", "postgres+")):
             return _sqlalchemy_url(target, parameter)
         return target
-    if isinstance(target, (psycopg.Connection, psycopg.AsyncConnection)):
+    if is_psycopg(target):
         return target
     for cls in type(target).__mro__:
         module = cls.__module__
@@ -90,7 +87,7 @@ def _sqlalchemy(target: Any, parameter: str) -> object:
         # and pylease cannot see them: its connections are opened from the URL.
         cargs, cparams = target.dialect.create_connect_args(target.url)
         params = {k: v for k, v in cparams.items() if k not in _NOT_CONNINFO and v is not None}
-        return pg_conninfo.make_conninfo(*cargs, **params)
+        return _make_conninfo(*cargs, **params)
     if isinstance(target, AsyncConnection):
         target = target.sync_connection
         if target is None:
@@ -136,28 +133,27 @@ def _django(target: Any, parameter: str) -> object:
             "(django.db.backends.postgresql over psycopg 3)",
             parameter=parameter,
         )
-    if _in_event_loop():
+    if in_event_loop():
         # Django's connections are synchronous (touching one here raises
         # SynchronousOnlyOperation): pylease reaches the database by its settings, on
         # connections of its own, as for a URL.
         cparams = target.get_connection_params()
         params = {k: v for k, v in cparams.items() if k not in _NOT_CONNINFO and v is not None}
-        return pg_conninfo.make_conninfo("", **params)
+        return _make_conninfo("", **params)
     # Opens the connection if Django has not yet (or closed it at the end of a request).
     target.ensure_connection()
     return _psycopg(target.connection, "Django", parameter)
 
 
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+def _make_conninfo(*args: Any, **params: Any) -> str:
+    # Only an ORM target over psycopg gets here: the driver is loaded already.
+    from psycopg import conninfo
+
+    return conninfo.make_conninfo(*args, **params)
 
 
 def _psycopg(conn: object, framework: str, parameter: str) -> object:
-    if isinstance(conn, (psycopg.Connection, psycopg.AsyncConnection)):
+    if is_psycopg(conn):
         return conn
     raise InvalidArgument(
         f"pylease: {parameter} is a {framework} connection over {type(conn).__module__}: "

@@ -6,18 +6,20 @@ Shared by the sync and async keepers (:mod:`pylease._keeper`,
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pylease import _claims, _log
 from pylease._acompat import monotonic
 from pylease.errors import LeaseLost
+
+if TYPE_CHECKING:
+    import asyncio
 
 logger = logging.getLogger("pylease")
 

@@ -50,6 +50,7 @@ PAIRS = [
     ("pylease/_backend_async.py", "pylease/_backend.py"),
     ("pylease/postgres/_backend_async.py", "pylease/postgres/_backend.py"),
     ("pylease/_links_async.py", "pylease/_links.py"),
+    ("pylease/postgres/_sources_async.py", "pylease/postgres/_sources.py"),
     ("pylease/_hub_async.py", "pylease/_hub.py"),
     ("pylease/_waiting_async.py", "pylease/_waiting.py"),
     ("pylease/_attempts_async.py", "pylease/_attempts.py"),
@@ -82,6 +83,7 @@ NAMES = {
     # modules
     "_backend_async": "_backend",
     "_links_async": "_links",
+    "_sources_async": "_sources",
     "_keeper_async": "_keeper",
     "leasing_async": "leasing",
     "renewing_async": "renewing",
@@ -153,7 +155,8 @@ NAMES = {
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncCursor": "Cursor",
-    "async_pool_class": "pool_class",
+    "is_async_connection": "is_connection",
+    "is_async_pool": "is_pool",
     # the protocol of context managers and iterators
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
+from typer.main import get_command_from_info, get_command_name
 
 from pylease import __version__
 from pylease import dsn as dsn_mod
@@ -41,25 +43,80 @@ configuration error. `pylease run CMD` exits with CMD's code.
 # Help and usage that read as the README promises ----------------------------------
 
 
-#: The commands in --help, in the order a newcomer needs them.
-ORDER = (
-    "run",
-    "migrate",
-    "claim",
-    "renew",
-    "release",
-    "steal",
-    "status",
-    "holders",
-    "permits",
-    "members",
-    "history",
-    "prune",
-    "prune-history",
-    "metrics",
-    "leader",
-    "request-release",
-)
+#: The commands in --help, in the order a newcomer needs them: the module that defines
+#: each, imported only when it runs (a shell loop of ``pylease run`` loads no other
+#: command's), and its summary in --help, the first paragraph of its docstring (a test
+#: in tests/cli holds them equal), so that --help imports no command's module.
+COMMANDS = {
+    "run": (
+        "_run",
+        "Run CMD while holding the lease NAME, renewing it; skip CMD when the lease is busy.",
+    ),
+    "migrate": (
+        "_commands",
+        "Install or upgrade the pylease schema (idempotent; safe to run from two deploys at once).",
+    ),
+    "claim": (
+        "_commands",
+        "Claim a lease and print HOLDER<tab>FENCE; exit 1 if another holder has it.",
+    ),
+    "renew": (
+        "_commands",
+        "Extend a lease this holder still holds; exit 1 if it was released or taken.",
+    ),
+    "release": (
+        "_commands",
+        "Give a lease back (only this holder's); exit 1 if it was not held by this holder.",
+    ),
+    "steal": (
+        "_commands",
+        "Take a lease whatever its state (an operator's break-lock) and print HOLDER<tab>FENCE.",
+    ),
+    "status": (
+        "_views",
+        "Show every lease (or one): state, holder, fence, how long, and when it expires.",
+    ),
+    "holders": (
+        "_views",
+        "Show every current holder of every kind: a lease's writer (exclusive), its readers"
+        " (shared; FENCE is a reader's epoch), a semaphore's permits (with SLOT).",
+    ),
+    "permits": (
+        "_permits",
+        "Show the slots of the semaphore NAME: who holds each permit, its fence, until when.",
+    ),
+    "members": (
+        "_groups",
+        "Show the live members of GROUP: incarnation, data, how long since they joined, when"
+        " they expire, and how many of the group's partitions each owns (the leases GROUP#N"
+        " it holds).",
+    ),
+    "history": (
+        "_views",
+        "Show what happened to leases, newest first: takeovers and steals (and, with"
+        " pylease.history = 'all', claims and releases).",
+    ),
+    "prune": ("_views", "Delete the names nobody has held for a while and print how many."),
+    "prune-history": (
+        "_views",
+        "Delete old history events and print how many; the counters are never pruned.",
+    ),
+    "metrics": (
+        "_views",
+        "Leases as Prometheus metrics: held, seconds to expiry, fence, held for, and the"
+        " grants, takeovers, steals and releases counters, each labelled with the lease name;"
+        " for a semaphore, the permits in use and its limit, and the same counters; for a"
+        " group, its live members and the partitions each member owns.",
+    ),
+    "leader": (
+        "_leader",
+        "Wait until this process leads NAME, run CMD while leading, resign when CMD exits.",
+    ),
+    "request-release": (
+        "_commands",
+        "Ask the holder of a lease to step down; exit 1 if the lease is not held.",
+    ),
+}
 
 
 # Click's UsageError, whether typer vendors click or depends on it.
@@ -204,7 +261,8 @@ class _NamesThenCommand(_Command):
         try:
             rest: list[str] = super().parse_args(ctx, args)  # --help, a missing NAME: here
         except _UsageError as error:
-            if dashes and type(error).__name__ == "MissingParameter":
+            missing = getattr(getattr(error, "param", None), "name", None)
+            if dashes and missing in ("name", "names"):
                 # `run --ttl 1m -- echo hi` must not claim `echo` and run `hi`.
                 raise _UsageError(f"NAME goes before '--': {usage}", ctx) from None
             if dashes or type(error).__name__ not in ("NoSuchOption", "UsageError"):
@@ -223,11 +281,27 @@ class _NamesThenCommand(_Command):
 
 
 class _Group(TyperGroup):
-    """Commands in the order a newcomer needs them; one-line usage errors."""
+    """Commands in the order a newcomer needs them, each imported when it is asked for;
+    one-line usage errors."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        known = [c for c in ORDER if c in self.commands]
-        return known + [c for c in self.commands if c not in ORDER]
+        return [*COMMANDS, *(c for c in self.commands if c not in COMMANDS)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        found = self.commands.get(cmd_name)
+        if found is None and cmd_name in COMMANDS:
+            found = self.commands[cmd_name] = _load(cmd_name)
+        return found
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        # From the table, shortened as click shortens a command's help: no import.
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [
+            (name, TyperCommand(name, help=summary).get_short_help_str(limit))
+            for name, (_module, summary) in COMMANDS.items()
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -244,8 +318,30 @@ class _Group(TyperGroup):
         try:
             return super().resolve_command(ctx, args)
         except _UsageError as error:
+            # Typer suggests among the commands loaded; these are all of them.
+            import difflib
+
+            matches = difflib.get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if matches:
+                said = error.message.rstrip(".")  # type: ignore[attr-defined]
+                error.message = f"{said}. Did you mean {', '.join(map(repr, matches))}?"  # type: ignore[attr-defined]
             _usage_error_in_one_line(error, ctx)
             raise
+
+
+def _load(name: str) -> Any:
+    """The click command ``name``, made from what its module registered on :data:`app`."""
+    importlib.import_module(f"pylease.cli.{COMMANDS[name][0]}")
+    info = next(
+        i
+        for i in app.registered_commands
+        if (i.name or get_command_name(getattr(i.callback, "__name__", ""))) == name
+    )
+    return get_command_from_info(
+        info,
+        pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode,
+    )
 
 
 app = typer.Typer(
@@ -254,6 +350,7 @@ app = typer.Typer(
     help="Leases (locks with an expiry) arbitrated by PostgreSQL, or a local SQLite file.",
     epilog=EXAMPLES,
     no_args_is_help=True,
+    suggest_commands=False,  # _Group.resolve_command suggests
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )

@@ -220,9 +220,11 @@ class _Watchdog:
     """The process that stops the command's group if pylease dies (:mod:`._watchdog`).
 
     Started before the command, so that no moment of the command's life is unguarded
-    but the one between its start and :meth:`guard`; told ``done`` on the way out only
-    once the group is gone, so that an exception that leaves the command running
-    leaves it to the watchdog.
+    but the one between its start and :meth:`guard`; killed on the way out only once the
+    group is gone, so that an exception that leaves the command running leaves it to the
+    watchdog. Killed, not told to exit and waited for: after a short command it may
+    still be starting (a Python start-up), which ``pylease run`` in a shell loop would
+    wait for every time.
     """
 
     def __init__(self) -> None:
@@ -273,7 +275,7 @@ class _Watchdog:
             return
         gone = self._pgid is None or not group_alive(self._pgid)
         if gone:
-            self._send("done")
+            proc.kill()  # nothing is left for it to guard
         with contextlib.suppress(OSError):
             if proc.stdin is not None:
                 proc.stdin.close()  # if the group runs on, the watchdog stops it now

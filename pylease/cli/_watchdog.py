@@ -10,16 +10,14 @@ and tells it on a pipe:
     the command's process group, and the grace between SIGTERM and SIGKILL;
 ``until T``
     the lease's local expiry on the keeper's clock (CLOCK_BOOTTIME where it
-    exists): SIGKILL comes no later, as it would from ``pylease run`` itself;
-``done``
-    the command's group is gone: exit.
+    exists): SIGKILL comes no later, as it would from ``pylease run`` itself.
 
 The pipe's write end lives in pylease only, so the kernel closes it when pylease dies,
-however it dies: end of file without ``done`` means pylease is gone, and the group
-gets SIGTERM, then SIGKILL after KILL_AFTER or at T, whichever comes first. The
-watchdog outlives neither: it exits once it has stopped the group, and once the group
-is gone (checked every second) while pylease still runs. SIGINT, SIGTERM and SIGHUP
-do not stop it: they are pylease's to handle, which then says ``done``.
+however it dies: end of file means pylease is gone, and the group gets SIGTERM, then
+SIGKILL after KILL_AFTER or at T, whichever comes first. The watchdog outlives
+neither: pylease kills it once the command's group is gone, it exits once it has
+stopped the group, and once the group is gone (checked every second) while pylease
+still runs. SIGINT, SIGTERM and SIGHUP do not stop it: they are pylease's to handle.
 """
 
 from __future__ import annotations
@@ -105,7 +103,7 @@ def stop(pgid: int, kill_after: float, until: float | None, owner: int) -> None:
 
 
 def watch(owner: int) -> None:
-    """Read pylease's lines on stdin until ``done``, the end of the group, or pylease's death."""
+    """Read pylease's lines on stdin until the end of the group or pylease's death."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     fd = sys.stdin.fileno()
@@ -128,8 +126,6 @@ def watch(owner: int) -> None:
         *lines, pending = pending.split(b"\n")
         for line in lines:
             word, *args = line.decode().split() or [""]
-            if word == "done":
-                return
             if word == "group":
                 pgid, kill_after = int(args[0]), float(args[1])
             elif word == "until":

@@ -34,10 +34,9 @@ from psycopg.rows import tuple_row
 from pylease._backend_async import AsyncBackend
 from pylease._budget import connect_timeout
 from pylease._operations import COUNT, DATALESS, FLAG, GRANT, VALUE, Operation
-from pylease._targets import is_idle
 from pylease.errors import ConfigurationError, DatabaseUnavailable, SchemaMissing
 from pylease.postgres._abandon import bounded
-from pylease.postgres._conninfo import CONNECT_TIMEOUT
+from pylease.postgres._conninfo import CONNECT_TIMEOUT, is_idle
 from pylease.postgres._errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
 from pylease.postgres._errors import wrap_errors as wrap_errors
 from pylease.postgres._syncrep import confirmed

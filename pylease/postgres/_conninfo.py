@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
+from psycopg.pq import ConnStatus, TransactionStatus
 
 from pylease import dsn as dsn_mod
 from pylease.errors import ConfigurationError, InvalidArgument
@@ -35,6 +36,16 @@ TCP_LIVENESS = {
 _NOT_CONNINFO = {"autocommit", "prepare_threshold", "context", "row_factory", "cursor_factory"}
 
 AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+
+_OK = int(ConnStatus.OK)
+_IDLE = int(TransactionStatus.IDLE)
+
+
+def is_idle(conn: AnyConnection) -> bool:
+    """True when a statement run on ``conn`` now would not join a transaction of the caller."""
+    # The libpq ints, not conn.info's enums: this runs several times per lease.
+    pgconn = conn.pgconn
+    return pgconn.status == _OK and pgconn.transaction_status == _IDLE
 
 
 def own_conninfo(conninfo: str, application_name: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import json
@@ -401,6 +400,8 @@ class AsyncSqliteBackend(AsyncBackend):
         self.conn = self.sync.conn
 
     async def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
+        import asyncio  # here: the sync backend's users never load it
+
         return await asyncio.to_thread(self.sync._call, op, params, name)
 
 

@@ -558,7 +558,7 @@ def test_heartbeat_target_names_where_renewals_run(dsn: str, conn: Conn, conn2: 
 
 
 def test_the_heartbeat_connection_carries_the_password(dsn: str) -> None:
-    from pylease._links import connection_conninfo
+    from pylease.postgres._conninfo import connection_conninfo
 
     with psycopg.Connection.connect(dsn, password="s3cret", autocommit=True) as mine:
         assert "s3cret" not in mine.info.dsn

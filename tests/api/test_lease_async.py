@@ -774,7 +774,7 @@ else:
 
 
 async def test_the_heartbeat_connection_carries_the_password(dsn: str) -> None:
-    from pylease._links import connection_conninfo
+    from pylease.postgres._conninfo import connection_conninfo
 
     async with await psycopg.AsyncConnection.connect(
         dsn, password="s3cret", autocommit=True

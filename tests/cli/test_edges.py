@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import logging
 import re
@@ -12,8 +14,11 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from typer.main import get_command, get_command_name
 
 from pylease import dsn as dsn_mod
+from pylease.cli import app
+from pylease.cli._app import COMMANDS
 from pylease.errors import DatabaseUnavailable
 from tests.support.cli import cli, ok, ok_in_a_process
 
@@ -276,6 +281,23 @@ def test_commands_are_listed_run_and_migrate_first() -> None:
     assert commands[:2] == ["run", "migrate"]
     for command in ("claim", "renew", "release", "steal", "status", "history", "metrics"):
         assert command in commands
+
+
+def test_the_listed_summaries_are_the_commands_own() -> None:
+    # --help lists the commands from a table, so as to import none of their modules: each
+    # summary is the first paragraph of the command's own help, and every command is there.
+    for module, _summary in COMMANDS.values():
+        importlib.import_module(f"pylease.cli.{module}")
+    registered = {
+        info.name or get_command_name(getattr(info.callback, "__name__", "")): info
+        for info in app.registered_commands
+    }
+    assert set(registered) == set(COMMANDS)
+    group = get_command(app)
+    for name, (module, summary) in COMMANDS.items():
+        assert getattr(registered[name].callback, "__module__", None) == f"pylease.cli.{module}"
+        help_text = inspect.cleandoc(group.commands[name].help or "")
+        assert summary == " ".join(help_text.split("\n\n")[0].split()), name
 
 
 # claim --quiet, --wait forever ----------------------------------------------------------------

@@ -61,6 +61,16 @@ def test_a_forgotten_name_is_a_usage_error_that_says_where_it_goes(
 
 
 @pytest.mark.parametrize("command", ["run", "leader"])
+def test_a_missing_option_is_named_not_taken_for_a_missing_name(
+    tmp_path: Path, command: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
+    result = cli(command, "x", "--dsn", url, "--", "true")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (f"pylease: Missing option '--ttl' (see 'pylease {command} --help')\n")
+
+
+@pytest.mark.parametrize("command", ["run", "leader"])
 def test_a_command_without_its_separator_is_a_usage_error(tmp_path: Path, command: str) -> None:
     url = f"sqlite:///{tmp_path / 'leases.sqlite3'}"
     result = cli(command, "--ttl", "1m", "--dsn", url, "echo", "hi")

@@ -1,4 +1,4 @@
-"""What migration 0021 leaves out of the paths of names that do not need it, and what it
+"""What migration 0023 leaves out of the paths of names that do not need it, and what it
 must keep (issues 24, 25 and 26; contract 5.1, 5.2 and 5.4).
 
 - An exclusive grant looks for readers' shares only on a name a reader was ever granted
@@ -30,7 +30,7 @@ __all__ = ["background"]  # a fixture, used by name
 Conn = psycopg.Connection[Any]
 Submit = Callable[..., Future[Any]]
 
-LEAN = "pylease-0021-lean-paths"
+LEAN = "pylease-0023-lean-paths"
 MAX_FENCE = 2**63 - 1
 CLAIM = "SELECT lease_claim('doc', '1 hour', %s)"
 SHARE = "SELECT lease_claim_shared('doc', '1 hour', %s)"

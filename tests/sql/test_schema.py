@@ -43,7 +43,9 @@ MIGRATIONS = [
     "pylease-0018-renew-held",
     "pylease-0019-shares",
     "pylease-0020-first-readers",
-    "pylease-0021-lean-paths",
+    "pylease-0021-unwait",
+    "pylease-0022-renew-held-statement",
+    "pylease-0023-lean-paths",
 ]
 FUNCTIONS = (
     "lease_claim",

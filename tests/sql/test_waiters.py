@@ -6,6 +6,7 @@ of every name are removed by the queue's own statements (no statement of its own
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -96,3 +97,73 @@ def test_live_entries_of_other_names_stay(conn: Conn) -> None:
     assert one(conn, "SELECT lease_wait('job', 'B', '1 hour')") is True
     assert one(conn, "SELECT lease_unwait('job', 'B')") is True
     assert entries(conn, "kept") == 1
+
+
+def heard(listener: Conn, conn: Conn) -> list[tuple[str, Any]]:
+    """What the listener was told since it last looked, up to a marker sent now (a
+    session's notifications are delivered in commit order)."""
+    conn.execute("SELECT pg_notify('pylease_waiters', 'end')")
+    told: list[tuple[str, Any]] = []
+    for note in listener.notifies(timeout=10):
+        if note.payload == "end":
+            return told
+        payload = note.payload if note.channel == "pylease" else json.loads(note.payload)
+        told.append((note.channel, payload))
+    raise AssertionError(f"no marker in time; heard {told}")
+
+
+def test_an_unwait_wakes_the_new_head_only_when_the_head_leaves(
+    conn: Conn, connect: Callable[..., Conn]
+) -> None:
+    listener = connect()
+    listener.execute("LISTEN pylease_waiters")
+    listener.execute("LISTEN pylease")
+    for waiter in ("A", "B", "C"):
+        one(conn, "SELECT lease_wait('job', %s, '1 hour')", (waiter,))
+    # Not the head: nobody's turn changes.
+    assert one(conn, "SELECT lease_unwait('job', 'B')") is True
+    assert heard(listener, conn) == []
+    # The head leaves without the lease: the next one in line claims at once.
+    assert one(conn, "SELECT lease_unwait('job', 'A')") is True
+    assert heard(listener, conn) == [
+        ("pylease_waiters", {"name": "job", "waiter": "C", "claim": True})
+    ]
+    # Not queued (any more): nothing to do.
+    assert one(conn, "SELECT lease_unwait('job', 'A')") is False
+    assert heard(listener, conn) == []
+    # The head leaves with the lease: the next one is first in line and claims on the
+    # release to come.
+    one(conn, "SELECT lease_wait('job', 'D', '1 hour')")
+    assert one(conn, "SELECT lease_unwait('job', 'C', true)") is True
+    assert heard(listener, conn) == [
+        ("pylease_waiters", {"name": "job", "waiter": "D", "claim": False})
+    ]
+    # The last waiter leaves without the lease: those it kept out may claim.
+    assert one(conn, "SELECT lease_unwait('job', 'D')") is True
+    assert heard(listener, conn) == [("pylease", "job")]
+    assert entries(conn, "job") == 0
+
+
+def test_an_expired_entry_ahead_does_not_keep_the_leaving_head_from_waking_the_next(
+    conn: Conn, connect: Callable[..., Conn]
+) -> None:
+    listener = connect()
+    listener.execute("LISTEN pylease_waiters")
+    for waiter in ("A", "B", "C"):
+        one(conn, "SELECT lease_wait('job', %s, '1 hour')", (waiter,))
+    # A's waiter refreshes it last with a tiny ttl: its entry, first by arrival, expires
+    # in place (a refresh keeps its place in line).
+    assert one(conn, "SELECT lease_wait('job', 'A', '1 microsecond')") is not None
+    until(
+        lambda: one(
+            conn,
+            "SELECT clock_timestamp() > expires_at FROM pylease_waiters"
+            " WHERE name = 'job' AND waiter = 'A'",
+        )
+    )
+    assert entries(conn, "job") == 3
+    # B is the head, and C is next.
+    assert one(conn, "SELECT lease_unwait('job', 'B')") is True
+    assert heard(listener, conn) == [
+        ("pylease_waiters", {"name": "job", "waiter": "C", "claim": True})
+    ]

@@ -47,7 +47,7 @@ def connection() -> Any:
 def conninfo() -> str:
     """Parameters to open another connection to the pylease database, password included."""
     from pylease import _orm
-    from pylease._links import connection_conninfo
+    from pylease.postgres._conninfo import connection_conninfo
 
     conn = _orm.adapt(connection(), SETTING)
     assert not isinstance(conn, str)

@@ -1,4 +1,4 @@
--- Undo pylease 0021: pylease_claim, pylease_claim_shared and pylease_tell_watchers as
+-- Undo pylease 0023: pylease_claim, pylease_claim_shared and pylease_tell_watchers as
 -- pylease-0020-first-readers left them; the watched trigger's WHEN comparing the columns
 -- again; VOLATILE set-returning wrappers; no shared_seen, no pylease_unshared.
 

@@ -1,4 +1,4 @@
--- pylease 0021: the claim and release of a name used only exclusively cost what they
+-- pylease 0023: the claim and release of a name used only exclusively cost what they
 -- did in revision 2, and a permit's claim a sixth less (issues 25, 26 and 24; bench
 -- targets 14-revision-3 and 12-permit-cycle). Keep sql/postgres/schema.sql in step.
 --   * pylease_leases gains shared_seen: the name's first reader marks the row, once
@@ -16,7 +16,7 @@
 --     again on every call (about a sixth of a permit claim's server time). What they call
 --     is VOLATILE, as before.
 -- Answers are unchanged.
--- depends: pylease-0020-first-readers
+-- depends: pylease-0022-renew-held-statement
 
 DO $pin$
 BEGIN
