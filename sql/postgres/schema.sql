@@ -42,6 +42,9 @@ CREATE TABLE pylease_leases (
     release_requested_by text,
     -- Somebody watches the name (lease_watch): its changes notify (pylease_tell_watchers).
     watched     boolean     NOT NULL DEFAULT false,
+    -- A reader was granted the name once (pylease_claim_shared): only then may
+    -- pylease_shared hold its shares, and an exclusive grant look for them.
+    shared_seen boolean     NOT NULL DEFAULT false,
     CONSTRAINT pylease_leases_unclaimed CHECK (holder IS NOT NULL OR released)
 ) WITH (fillfactor = 50);
 
@@ -365,6 +368,19 @@ CREATE TRIGGER pylease_leases_register BEFORE INSERT ON pylease_leases
 
 -- Functions -------------------------------------------------------------------
 
+-- True when no unexpired share of this epoch of the name stands, as the caller's
+-- statement sees pylease_shared. A function, not a subquery, so that a statement that
+-- calls it only for some rows (pylease_claim's grant, for a name readers claimed) does
+-- not set up a scan of pylease_shared each time it runs.
+CREATE FUNCTION pylease_unshared(name text, epoch bigint, at timestamptz) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM pylease_shared AS s
+                        WHERE s.name = pylease_unshared.name AND s.epoch = pylease_unshared.epoch
+                          AND s.expires_at > pylease_unshared.at);
+END
+$$;
+
 -- The one body of a lease claim, lease_claim's and lease_claim_new's: the fence
 -- when granted, NULL when busy. new_tenure false (lease_claim): busy while another
 -- holder's unexpired lease stands; the holder the row still names continues its
@@ -392,6 +408,7 @@ DECLARE
     s_fence  bigint;
     s_freed  boolean;
     s_busy   boolean;
+    s_read   boolean;
     history  text;
 BEGIN
     -- One cheap test in the common case (a read-only transaction's too, as on a
@@ -499,11 +516,11 @@ BEGIN
                        takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
                  WHERE l.name = pylease_claim.name AND l.fence = s_fence AND l.released = s_freed
                    AND l.expires_at <= t_now
-                   -- Free of readers too (unexpired shares of its epoch).
-                   AND NOT EXISTS (SELECT FROM pylease_shared AS s
-                                    WHERE s.name = pylease_claim.name AND s.epoch = s_fence
-                                      AND s.expires_at > t_now)
-                RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+                   -- Free of readers too, once a reader was ever granted the name: one
+                   -- never read has no shares to look for.
+                   AND (NOT l.shared_seen OR pylease_unshared(pylease_claim.name, s_fence, t_now))
+                RETURNING l.fence, l.shared_seen, current_setting('pylease.history', true)
+                     INTO granted, s_read, history;
                 IF granted IS NULL THEN
                     -- Read by readers: busy, and nothing was written. (Otherwise the row
                     -- changed since it was read: look again.)
@@ -512,10 +529,13 @@ BEGIN
                                   AND s.expires_at > t_now) THEN
                         RETURN NULL;
                     END IF;
-                ELSE
+                ELSIF s_read THEN
                     -- A reader granted while the update waited for its row lock is seen
                     -- only now, by a statement of its own: then busy after all. The rows
                     -- of the name's readers go (they hold no longer once the fence moved).
+                    -- A name never read skips this: its first reader marks the row
+                    -- (shared_seen) while it holds it FOR KEY SHARE, so a grant after that
+                    -- reader sees the mark in the row version it replaces.
                     WITH gone AS (
                         DELETE FROM pylease_shared AS s WHERE s.name = pylease_claim.name
                         RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
@@ -742,7 +762,7 @@ $$;
 -- with NULL fences).
 CREATE FUNCTION lease_renew_many(names text[], holders text[], ttl interval DEFAULT NULL)
 RETURNS TABLE(name text, renewed boolean)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT m.name, m.renewed
       FROM lease_renew_many(lease_renew_many.names, lease_renew_many.holders,
@@ -1683,11 +1703,15 @@ $$;
 
 -- Claim permits slots of a semaphore (pylease_permit_claim, continuing the slots the
 -- holder still holds): an SQL function whose body was parsed when it was created,
--- so no search_path can stand in for the function it calls.
+-- so no search_path can stand in for the function it calls. STABLE, as every
+-- set-returning wrapper here, so that it is inlined into the caller's statement: a
+-- VOLATILE one never is, and each call planned its body again (about a sixth of a
+-- permit claim's server time). It only reads; the function it calls is VOLATILE, and writes
+-- with snapshots of its own.
 CREATE FUNCTION permit_claim(name text, max_permits integer, ttl interval,
                                         holder text, permits integer DEFAULT 1)
 RETURNS TABLE(slot integer, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.slot, c.fence
       FROM pylease_permit_claim(permit_claim.name, permit_claim.max_permits, permit_claim.ttl,
@@ -1700,7 +1724,7 @@ END;
 CREATE FUNCTION permit_claim_new(name text, max_permits integer, ttl interval, holder text,
                                  permits integer DEFAULT 1)
 RETURNS TABLE(slot integer, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.slot, c.fence
       FROM pylease_permit_claim(permit_claim_new.name, permit_claim_new.max_permits,
@@ -2107,7 +2131,7 @@ $$;
 -- created, so no search_path can stand in for the function it calls.
 CREATE FUNCTION lease_claim_all(names text[], ttl interval, holder text)
 RETURNS TABLE(name text, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.name, c.fence
       FROM pylease_claim_all(lease_claim_all.names, lease_claim_all.ttl, lease_claim_all.holder,
@@ -2119,7 +2143,7 @@ END;
 -- holds one of them unexpired, an expired one taken over with a new fence.
 CREATE FUNCTION lease_claim_all_new(names text[], ttl interval, holder text)
 RETURNS TABLE(name text, fence bigint)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT c.name, c.fence
       FROM pylease_claim_all(lease_claim_all_new.names, lease_claim_all_new.ttl,
@@ -2195,7 +2219,7 @@ $$;
 -- (the function above with NULL fences).
 CREATE OR REPLACE FUNCTION lease_release_all(names text[], holder text)
 RETURNS TABLE(name text, released boolean)
-LANGUAGE sql
+LANGUAGE sql STABLE
 BEGIN ATOMIC
     SELECT r.name, r.released
       FROM lease_release_all(lease_release_all.names, lease_release_all.holder,
@@ -2494,7 +2518,8 @@ COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigin
 -- exclusive grant, 0 if none), NULLs when an exclusive holder holds the name or a writer
 -- waits in the queue of waiting processes. A busy claim is answered by one read (no row
 -- lock, no WAL). A grant locks the lease row FOR KEY SHARE and writes only the reader's
--- own row, so readers never wait for each other. new_tenure false (lease_claim_shared):
+-- own row (the name's first reader also marks the lease row shared_seen, once), so
+-- readers never wait for each other but for that mark. new_tenure false (lease_claim_shared):
 -- a claim again by a reader of this epoch continues its share (its id, never an earlier
 -- expiry: a retried claim whose reply was lost). new_tenure true (for a holder the
 -- caller chose): busy while this holder's share of the epoch is unexpired (another
@@ -2515,6 +2540,7 @@ DECLARE
     s_expires timestamptz;
     s_mine    boolean;
     s_queued  boolean;
+    s_seen    boolean;
     s_share   integer;
     history   text;
 BEGIN
@@ -2561,9 +2587,9 @@ BEGIN
             -- The name's first claim: a row for readers to lock (no holder; its fence
             -- the floor, pylease_register_lease); a conflict: another first claim made it.
             INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
-                                             expires_at, released)
+                                             expires_at, released, shared_seen)
             VALUES (pylease_claim_shared.name, NULL, 0, pylease_claim_shared.ttl, t_now, t_now,
-                    t_now, true)
+                    t_now, true, true)
             ON CONFLICT DO NOTHING;
             CONTINUE;
         ELSIF (s_holder IS NOT NULL AND s_expires > t_now) OR (s_queued AND NOT s_mine)
@@ -2579,8 +2605,8 @@ BEGIN
             -- Locked FOR KEY SHARE, the row stays as read here until this transaction
             -- ends: no exclusive grant (it changes the fence, a key column) comes
             -- between, and the one that waits for this lock sees this reader.
-            SELECT l.holder, l.fence, l.released, l.expires_at
-              INTO s_holder, s_fence, s_freed, s_expires
+            SELECT l.holder, l.fence, l.released, l.expires_at, l.shared_seen
+              INTO s_holder, s_fence, s_freed, s_expires, s_seen
               FROM pylease_leases AS l
              WHERE l.name = pylease_claim_shared.name
                FOR KEY SHARE;
@@ -2594,8 +2620,9 @@ BEGIN
                 -- beside this reader. The one write of a reader to the row, counted and
                 -- recorded as the takeover it is; a renewal that came first wins.
                 UPDATE pylease_leases AS l
-                   SET released  = true,
-                       takeovers = l.takeovers + 1
+                   SET released    = true,
+                       takeovers   = l.takeovers + 1,
+                       shared_seen = true
                  WHERE l.name = pylease_claim_shared.name AND l.fence = s_fence
                    AND NOT l.released AND l.expires_at <= t_now;
                 IF NOT FOUND THEN
@@ -2609,6 +2636,12 @@ BEGIN
                 ELSIF history <> 'none' THEN
                     PERFORM pylease_refuse_history(history);
                 END IF;
+            ELSIF NOT s_seen THEN
+                -- The name's first reader marks the row, once: exclusive grants look for
+                -- shares only on a marked row (pylease_claim). A first reader at the same
+                -- time waits for this mark's commit, the only wait between readers.
+                UPDATE pylease_leases AS l SET shared_seen = true
+                 WHERE l.name = pylease_claim_shared.name AND NOT l.shared_seen;
             END IF;
             -- A retried claim of this epoch keeps its share (its id and acquired_at)
             -- and never moves its expiry earlier; a row of an earlier epoch is a share
@@ -2930,15 +2963,21 @@ $$;
 -- a row marked watched (lease_watch, pylease_mark_watched): an unwatched name's grants
 -- and releases call nothing: the trigger runs after the row (a BEFORE trigger would
 -- have every grant lock the old row version first) and its WHEN is checked without
--- calling a function. A row whose watchers all expired is unmarked by its next change,
--- without a NOTIFY.
+-- calling a function. That WHEN tests the mark alone: an update of a marked row that
+-- changed none of the columns (a retried claim) is told apart here, since a WHEN that
+-- compared them cost every grant and release of every name (its expression is built
+-- again by each statement). A row whose watchers all expired is unmarked by its next
+-- change, without a NOTIFY.
 -- Notifications of one name come in the order of its changes (each is a commit that
 -- waited for the previous one's row lock).
 CREATE FUNCTION pylease_tell_watchers() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    IF NOT EXISTS (SELECT FROM pylease_watchers AS w
-                    WHERE w.name = NEW.name AND w.expires_at > clock_timestamp()) THEN
+    IF TG_OP = 'UPDATE' AND OLD.fence = NEW.fence AND OLD.released = NEW.released
+       AND OLD.data IS NOT DISTINCT FROM NEW.data THEN
+        RETURN NULL;
+    ELSIF NOT EXISTS (SELECT FROM pylease_watchers AS w
+                       WHERE w.name = NEW.name AND w.expires_at > clock_timestamp()) THEN
         UPDATE pylease_leases AS l SET watched = false WHERE l.name = NEW.name AND l.watched;
     ELSE
         PERFORM pg_notify('pylease_holders', json_build_object(
@@ -2975,9 +3014,7 @@ CREATE TRIGGER pylease_leases_watched_insert AFTER INSERT ON pylease_leases
 -- Renewals never call it: they set none of these columns.
 CREATE TRIGGER pylease_leases_watched_update AFTER UPDATE OF fence, released, data
     ON pylease_leases
-    FOR EACH ROW WHEN (NEW.watched AND (OLD.fence IS DISTINCT FROM NEW.fence
-                                       OR OLD.released IS DISTINCT FROM NEW.released
-                                       OR OLD.data IS DISTINCT FROM NEW.data))
+    FOR EACH ROW WHEN (NEW.watched)
     EXECUTE FUNCTION pylease_tell_watchers();
 
 COMMENT ON FUNCTION lease_set_data(text, text, jsonb, bigint) IS
@@ -3429,6 +3466,8 @@ COMMENT ON FUNCTION lease_prune(interval) IS
     'pylease: delete the names (leases and semaphores) nobody has held for at least idle_for, with their counters; returns how many. Fences never go back.';
 COMMENT ON FUNCTION pylease_fence_floor(text) IS
     'pylease (internal): the highest fence a pruned name of this name''s bucket had, read under the bucket''s shared lock.';
+COMMENT ON FUNCTION pylease_unshared(text, bigint, timestamptz) IS
+    'pylease (internal): true when no unexpired share of this epoch of the name stands.';
 
 
 REVOKE ALL ON TABLE pylease_leases FROM PUBLIC;
@@ -3478,5 +3517,6 @@ REVOKE ALL ON TABLE pylease_watchers FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease_request_release(text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_tell_watchers() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_mark_watched() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_unshared(text, bigint, timestamptz) FROM PUBLIC;
 
 COMMIT;

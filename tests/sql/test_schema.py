@@ -45,6 +45,7 @@ MIGRATIONS = [
     "pylease-0020-first-readers",
     "pylease-0021-unwait",
     "pylease-0022-renew-held-statement",
+    "pylease-0023-lean-paths",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -143,6 +144,7 @@ HELPERS = (
     "pylease_release_shared",
     "pylease_tell_watchers",
     "pylease_mark_watched",
+    "pylease_unshared",
 )
 # The claims that wait a bounded time for a row a fenced transaction holds, then are busy.
 WAITING_CLAIMS = (
