@@ -159,17 +159,6 @@ def test_a_burst_of_one_scheduled_task_runs_once_per_slot(worker: Any, conn: Con
     assert fences == (SLOTS,)  # one grant per slot, no more
 
 
-def _cli_has(command: str) -> bool:
-    import typer.main
-
-    from pylease import cli
-
-    return command in typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
-
-
-@pytest.mark.xfail(
-    not _cli_has("leader"), reason="needs `pylease leader`, from leader", strict=True, run=False
-)
 def test_beat_under_pylease_leader_runs_on_one_host_at_a_time(
     dsn: str, conn: Conn, redis_server: str, tmp_path: Path
 ) -> None:

@@ -191,26 +191,6 @@ def test_the_management_command_prints_status(db: Conn) -> None:
         call_command("pylease", "status", "--no-such-option", stderr=StringIO())
 
 
-def _cli_has(command: str) -> bool:
-    import typer.main
-
-    from pylease import cli
-
-    return command in typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
-
-
-def _sql_has_history() -> bool:
-    from pylease._resources import data_dir
-
-    folder = data_dir("migrations", "postgres")
-    return any("lease_history" in path.read_text() for path in folder.glob("*.sql"))
-
-
-@pytest.mark.xfail(
-    not (_cli_has("history") and _sql_has_history()),
-    reason="needs `pylease history` (cli) and lease_history (sql 0003)",
-    strict=True,
-)
 def test_the_management_command_prints_history(db: Conn) -> None:
     from django.core.management import call_command
 
