@@ -12,6 +12,18 @@ make=${MAKE:-make}
 logs=build/test-logs
 rm -rf "$logs"
 mkdir -p "$logs"
+# The tests' server: $PYLEASE_TEST_DSN when given, else one of the suite's own
+# (scripts/suite-server.sh says why), stopped however this script ends.
+if [ -z "${PYLEASE_TEST_DSN:-}" ]; then
+    server_dir=$(mktemp -d "${TMPDIR:-/tmp}/pylease-suite-pg.XXXXXX")
+    trap 'scripts/suite-server.sh stop "$server_dir"' EXIT
+    PYLEASE_TEST_DSN=$(scripts/suite-server.sh start "$server_dir") || {
+        echo "make test: could not start the suite's PostgreSQL server" >&2
+        exit 1
+    }
+    export PYLEASE_TEST_DSN
+fi
+
 checks=(model-check lint typecheck docs)
 pids=()
 for check in "${checks[@]}"; do
