@@ -112,7 +112,7 @@ def _throwaway(request: pytest.FixtureRequest) -> Iterator[str]:
 @contextlib.contextmanager
 def find_or_start(request: pytest.FixtureRequest) -> Iterator[str]:
     """Yield an admin DSN: $PYLEASE_TEST_DSN, the local server, or a throwaway one."""
-    explicit = os.environ.get("PYLEASE_TEST_DSN")
+    explicit = os.environ.get("PYLEASE_TEST_DSN") or os.environ.get("TESTS_SERVER_DSN")
     if explicit:
         yield explicit
         return
