@@ -335,6 +335,9 @@ def current_data(rows: list[Any]) -> object:
     return next((getattr(row, "data", None) for row in rows if row.held), None)
 
 
+RELEASE_FOUND_LOST = "the release found it no longer ours (expired and taken, or stolen)"
+
+
 def finish(
     ticket: Ticket,
     exc: BaseException | None,
@@ -351,9 +354,7 @@ def finish(
     """
     lost = ticket.error()
     if lost is None and released is False:
-        lost = LeaseLost(
-            ticket.name, "the release found it no longer ours (expired and taken, or stolen)"
-        )
+        lost = LeaseLost(ticket.name, RELEASE_FOUND_LOST)
     if lost is not None and cause is not None:
         lost = LeaseLost(ticket.name, f"{cause} ({lost.reason})")
     if exc is not None:

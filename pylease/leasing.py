@@ -28,6 +28,7 @@ from pylease._attempts import Attempt, Share, lease_attempt
 from pylease._budget import FLOOR, begin, exit_deadline, spare
 from pylease._caller_tx import Deferred
 from pylease._held import (
+    RELEASE_FOUND_LOST,
     Held,
     Options,
     bool_option,
@@ -39,7 +40,7 @@ from pylease._held import default_holder as default_holder
 from pylease._keeper import NOT_OURS, keeper
 from pylease._links import Link, link
 from pylease._links import check as check_target
-from pylease._telling import settle
+from pylease._telling import settle, tell_lost
 from pylease._tenure import loss_cause, release, renew_leases
 from pylease._ticket import Ticket, abandon, inherited, notify_lost
 from pylease._types import Duration, Target, Wait
@@ -50,6 +51,17 @@ T = TypeVar("T")
 
 # on_lost: a plain function, or on an event loop a coroutine function too.
 LostCallback = Callable[[LeaseLost], object]
+
+
+def _tell_late_loss(ticket: Ticket) -> None:
+    """Tell ``on_lost`` of a loss the keeper never told (the body saw the expiry first,
+    or only the release found it): every loss reaches it, once, before the block ends."""
+    error = ticket.error()
+    reason = error.reason if error is not None else RELEASE_FOUND_LOST
+    told = notify_lost(ticket, reason)
+    if told is not None:
+        tell_lost(ticket, told)
+        settle(ticket)
 
 
 class Lease:
@@ -180,16 +192,23 @@ class Lease:
                     if ticket.callback is not None:
                         settle(ticket)
                 released, trouble = release(link_, ticket, self._opts.min_hold)
-                cause = None
                 lost = released is False or ticket.error() is not None
-                if trouble is None and lost and spare(FLOOR):
-                    cause = self._loss_cause(link_, ticket)
+                cause = self._after_loss(link_, ticket, trouble) if lost else None
             finally:
                 _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
                 link_.close()
         finally:
             exit_deadline.reset(budget)
         finish(ticket, exc, released, trouble, cause)
+
+    def _after_loss(self, link_: Link, ticket: Ticket, trouble: Exception | None) -> str | None:
+        """What the database says of a loss (None: nothing better than the ticket),
+        once ``on_lost`` has been told of it."""
+        cause = None
+        if trouble is None and spare(FLOOR):
+            cause = self._loss_cause(link_, ticket)
+        _tell_late_loss(ticket)
+        return cause
 
     def _make_link(self) -> Link:
         """This block's way to its database."""

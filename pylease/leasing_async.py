@@ -29,6 +29,7 @@ from pylease._attempts_async import Attempt, Share, lease_attempt
 from pylease._budget import FLOOR, begin, exit_deadline, spare
 from pylease._caller_tx import Deferred
 from pylease._held import (
+    RELEASE_FOUND_LOST,
     AsyncHeld,
     Options,
     bool_option,
@@ -42,7 +43,7 @@ from pylease._keeper_async import NOT_OURS, keeper
 from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
 from pylease._log import text as error_text
-from pylease._telling_async import settle
+from pylease._telling_async import settle, tell_lost
 from pylease._tenure_async import loss_cause, release, renew_leases
 from pylease._ticket import AsyncTicket, abandon, inherited, notify_lost
 from pylease._types import AsyncTarget, Duration, Wait
@@ -53,6 +54,17 @@ T = TypeVar("T")
 
 # on_lost: a plain function, or on an event loop a coroutine function too.
 AsyncLostCallback = Callable[[LeaseLost], object]
+
+
+async def _tell_late_loss(ticket: AsyncTicket) -> None:
+    """Tell ``on_lost`` of a loss the keeper never told (the body saw the expiry first,
+    or only the release found it): every loss reaches it, once, before the block ends."""
+    error = ticket.error()
+    reason = error.reason if error is not None else RELEASE_FOUND_LOST
+    told = notify_lost(ticket, reason)
+    if told is not None:
+        tell_lost(ticket, told)
+        await settle(ticket)
 
 
 class AsyncLease:
@@ -196,10 +208,8 @@ class AsyncLease:
                     if ticket.cancelled_body:
                         exc, outside_cancel = await self._absorb_our_cancel(ticket, exc)
                 released, trouble = await release(link_, ticket, self._opts.min_hold)
-                cause = None
                 lost = released is False or ticket.error() is not None
-                if trouble is None and lost and spare(FLOOR):
-                    cause = await self._loss_cause(link_, ticket)
+                cause = await self._after_loss(link_, ticket, trouble) if lost else None
             finally:
                 _claims.leave_all(ticket.names or (ticket.name,), ticket.holder)
                 await link_.close()
@@ -220,6 +230,17 @@ class AsyncLease:
                     )
                 raise error from exc
         finish(ticket, exc, released, trouble, cause)
+
+    async def _after_loss(
+        self, link_: AsyncLink, ticket: AsyncTicket, trouble: Exception | None
+    ) -> str | None:
+        """What the database says of a loss (None: nothing better than the ticket),
+        once ``on_lost`` has been told of it."""
+        cause = None
+        if trouble is None and spare(FLOOR):
+            cause = await self._loss_cause(link_, ticket)
+        await _tell_late_loss(ticket)
+        return cause
 
     def _make_link(self) -> AsyncLink:
         """This block's way to its database."""

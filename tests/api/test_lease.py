@@ -198,6 +198,27 @@ def test_without_heartbeat_check_raises_once_the_ttl_ran_out(conn: Conn) -> None
             held.check()
 
 
+def test_on_lost_is_told_of_a_loss_that_the_body_saw_first(conn: Conn) -> None:
+    """No keeper tells it (heartbeat off): the block's end does, once, before it ends."""
+    told: list[LeaseLost] = []
+    tell = told.append
+    with pytest.raises(LeaseLost):  # noqa: SIM117, RUF100
+        with lease(conn, "x", ttl=0.2, heartbeat=False, on_lost=tell) as held:
+            sleep(0.3)
+            assert held.lost
+    assert [(e.name, e.reason) for e in told] == [("x", "its ttl ran out without a renewal")]
+
+
+def test_on_lost_is_told_of_a_loss_that_only_the_release_found(conn: Conn, conn2: Conn) -> None:
+    told: list[LeaseLost] = []
+    tell = told.append
+    with pytest.raises(LeaseLost):  # noqa: SIM117, RUF100
+        with lease(conn, "x", ttl=5, heartbeat=False, on_lost=tell):
+            steal(conn2, "x")
+    assert [e.name for e in told] == ["x"]
+    assert "no longer ours" in told[0].reason
+
+
 def test_busy_at_once_with_wait_0(conn: Conn, conn2: Conn) -> None:
     claim(conn2, "sweep", holder="them")
     with pytest.raises(LeaseBusy) as raised, lease(conn, "sweep", ttl=5):

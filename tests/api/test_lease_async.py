@@ -297,6 +297,29 @@ async def test_without_heartbeat_check_raises_once_the_ttl_ran_out(aconn: AConn)
                 held.check()
 
 
+async def test_on_lost_is_told_of_a_loss_that_the_body_saw_first(aconn: AConn) -> None:
+    """No keeper tells it (heartbeat off): the block's end does, once, before it ends."""
+    told: list[LeaseLost] = []
+    tell = told.append
+    with pytest.raises(LeaseLost):  # noqa: SIM117, RUF100
+        async with alease(aconn, "x", ttl=0.2, heartbeat=False, on_lost=tell) as held:
+            await asleep(0.3)
+            assert held.lost
+    assert [(e.name, e.reason) for e in told] == [("x", "its ttl ran out without a renewal")]
+
+
+async def test_on_lost_is_told_of_a_loss_that_only_the_release_found(
+    aconn: AConn, aconn2: AConn
+) -> None:
+    told: list[LeaseLost] = []
+    tell = told.append
+    with pytest.raises(LeaseLost):  # noqa: SIM117, RUF100
+        async with alease(aconn, "x", ttl=5, heartbeat=False, on_lost=tell):
+            await asteal(aconn2, "x")
+    assert [e.name for e in told] == ["x"]
+    assert "no longer ours" in told[0].reason
+
+
 async def test_busy_at_once_with_wait_0(aconn: AConn, aconn2: AConn) -> None:
     await aclaim(aconn2, "sweep", holder="them")
     with pytest.raises(LeaseBusy) as raised:
