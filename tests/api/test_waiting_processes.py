@@ -19,15 +19,17 @@ from tests.support.leases import CLAIM_BODY, claim, function_calls, track_functi
 
 Conn = psycopg.Connection[Any]
 
-# Woken by notifications only: a waiter's safety poll (every few seconds) would add
-# claims of its own on a loaded machine, where the eight handovers take that long. And
-# none dies here: a process behind another claims a release it heard only in case the
-# one ahead died, after a grace (0.2 s) that a loaded machine's head may outlast.
+# Woken by notifications only: a waiter's safety poll (every few seconds) and its read
+# of the holder's status a second after its first claim would add claims of their own
+# on a loaded machine, where the eight handovers take that long. And none dies here: a
+# process behind another claims a release it heard only in case the one ahead died,
+# after a grace (0.2 s) that a loaded machine's head may outlast.
 NOTIFIED_ONLY = WAITING_PROCESS.replace("wait=60)", "wait=60, poll_interval=60)").replace(
     "from pylease import lease\n",
-    "from pylease import lease\nimport pylease._waiting\npylease._waiting.BEHIND_GRACE = 60.0\n",
+    "from pylease import lease\nimport pylease._waiting\npylease._waiting.BEHIND_GRACE = 60.0\n"
+    "pylease._waiting.STATUS_FRESH = 60.0\n",
 )
-assert "poll_interval=60" in NOTIFIED_ONLY and "BEHIND_GRACE = 60.0" in NOTIFIED_ONLY
+assert "poll_interval=60" in NOTIFIED_ONLY and "STATUS_FRESH = 60.0" in NOTIFIED_ONLY
 
 
 def test_a_release_wakes_one_waiting_process_and_each_is_granted_once(dsn: str, conn: Conn) -> None:
