@@ -270,6 +270,7 @@ def options(
     shared: object = False,
     data: object = None,
     on_release_requested: object = None,
+    cancel_on_lost: object = False,
 ) -> Options:
     """Check every argument before any SQL runs (ValueError subclasses)."""
     name = _checks.key("name", name)
@@ -285,6 +286,7 @@ def options(
     callable_option("on_release_requested", on_release_requested)
     bool_option("heartbeat", heartbeat)
     bool_option("shared", shared)
+    bool_option("cancel_on_lost", cancel_on_lost)
     if _checks.data(data) is not None and shared:
         raise InvalidArgument(
             "pylease: data is published by the exclusive holder: a reader has none"
@@ -305,6 +307,7 @@ def options(
         bool(heartbeat),
         min_hold_,
         poll,
+        cancel_on_lost=bool(cancel_on_lost),
         shared=bool(shared),
         data=data,
         on_release_requested=on_release_requested,  # type: ignore[arg-type]

@@ -185,13 +185,20 @@ def connect_own(conninfo: str, name: str | None) -> psycopg.Connection[Any]:
         return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None)
 
 
-def run_committed(conn: psycopg.Connection[Any], op: Callable[[Backend], T]) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own.
+def run_committed(
+    conn: psycopg.Connection[Any],
+    op: Callable[[Backend], T],
+    schema: str | None = None,
+    *,
+    idle: bool = False,
+) -> T:
+    """Run ``op`` on an idle connection as a transaction of its own, its statements
+    naming ``schema`` (None: as they are); ``idle``: the caller has just seen it idle.
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
     """
-    if not conn.closed and not is_idle(conn):
+    if not idle and not conn.closed and not is_idle(conn):
         raise ConfigurationError(
             "pylease: a connection pylease was given for its own statements is inside a"
             " transaction; pylease never runs a claim, renewal or release there (it would"
@@ -199,9 +206,9 @@ def run_committed(conn: psycopg.Connection[Any], op: Callable[[Backend], T]) -> 
         )
     with bounded(conn):
         if conn.autocommit:
-            return op(PostgresBackend(conn))
+            return op(PostgresBackend(conn, schema))
         try:
-            result = op(PostgresBackend(conn))
+            result = op(PostgresBackend(conn, schema))
             try:
                 with wrap_errors():
                     conn.commit()
@@ -210,7 +217,7 @@ def run_committed(conn: psycopg.Connection[Any], op: Callable[[Backend], T]) -> 
                     raise
                 # At the commit: a serializable default's verdict, not the race's (nothing
                 # committed). Once more, READ COMMITTED.
-                result = op(PostgresBackend(conn, defaults=True))
+                result = op(PostgresBackend(conn, schema, defaults=True))
                 with wrap_errors():
                     conn.commit()
         except BaseException:

@@ -188,14 +188,19 @@ async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnectio
 
 
 async def run_committed(
-    conn: psycopg.AsyncConnection[Any], op: Callable[[AsyncBackend], Awaitable[T]]
+    conn: psycopg.AsyncConnection[Any],
+    op: Callable[[AsyncBackend], Awaitable[T]],
+    schema: str | None = None,
+    *,
+    idle: bool = False,
 ) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own.
+    """Run ``op`` on an idle connection as a transaction of its own, its statements
+    naming ``schema`` (None: as they are); ``idle``: the caller has just seen it idle.
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
     """
-    if not conn.closed and not is_idle(conn):
+    if not idle and not conn.closed and not is_idle(conn):
         raise ConfigurationError(
             "pylease: a connection pylease was given for its own statements is inside a"
             " transaction; pylease never runs a claim, renewal or release there (it would"
@@ -203,9 +208,9 @@ async def run_committed(
         )
     with bounded(conn):
         if conn.autocommit:
-            return await op(AsyncPostgresBackend(conn))
+            return await op(AsyncPostgresBackend(conn, schema))
         try:
-            result = await op(AsyncPostgresBackend(conn))
+            result = await op(AsyncPostgresBackend(conn, schema))
             try:
                 with wrap_errors():
                     await conn.commit()
@@ -214,7 +219,7 @@ async def run_committed(
                     raise
                 # At the commit: a serializable default's verdict, not the race's (nothing
                 # committed). Once more, READ COMMITTED.
-                result = await op(AsyncPostgresBackend(conn, defaults=True))
+                result = await op(AsyncPostgresBackend(conn, schema, defaults=True))
                 with wrap_errors():
                     await conn.commit()
         except BaseException:
