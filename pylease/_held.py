@@ -282,12 +282,18 @@ def options(
     poll = None
     if poll_interval is not None:
         poll = _checks.ttl(poll_interval, "poll_interval").total_seconds()
-    callable_option("on_lost", on_lost)
-    callable_option("on_release_requested", on_release_requested)
-    bool_option("heartbeat", heartbeat)
-    bool_option("shared", shared)
-    bool_option("cancel_on_lost", cancel_on_lost)
-    if _checks.data(data) is not None and shared:
+    # Each check called only when its argument is not the usual one: every block pays.
+    if on_lost is not None:
+        callable_option("on_lost", on_lost)
+    if on_release_requested is not None:
+        callable_option("on_release_requested", on_release_requested)
+    if heartbeat is not True:
+        bool_option("heartbeat", heartbeat)
+    if shared is not False:
+        bool_option("shared", shared)
+    if cancel_on_lost is not True and cancel_on_lost is not False:
+        bool_option("cancel_on_lost", cancel_on_lost)
+    if data is not None and _checks.data(data) is not None and shared:
         raise InvalidArgument(
             "pylease: data is published by the exclusive holder: a reader has none"
             " (leave data out with shared=True)",

@@ -386,6 +386,8 @@ def in_memory(parameter: str) -> InvalidArgument:
 
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
+    if heartbeat_target is None and is_connection(target):
+        return  # the common case: a connection renews on one of pylease's own
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if is_connection(target):
         if heartbeat_target is target:
@@ -417,12 +419,12 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     same parameters (password included), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
-    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if heartbeat_target is None and is_connection(target):
         # The common case first (a lease per loop iteration on one connection): nothing
-        # to check, and the source of its database found by key.
+        # to check or adapt, and the source of its database found by key.
         renewals, conninfo = _postgres_sources().own_source(target)
         return Link(renewals, conn=target, listen_conninfo=conninfo, acquired=True)
+    target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, sqlite3.Connection) and target.in_transaction:
         # Refused, not joined: a grant made in it would vanish with its rollback, and

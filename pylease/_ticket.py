@@ -123,7 +123,7 @@ class Ticket:
         # This host's wall clock less the keeper's, once: expires as a time of day.
         self.wall_offset = time.time() - monotonic()
         # When its next renewal is due: each lease at the pace of its own ttl.
-        self.due = sent_at + self.interval
+        self.due = sent_at + self.ttl / 3  # its interval
         self.renew_ttl: timedelta | None = ttl
         self.lost: LeaseLost | None = None
         self.renewals = 0

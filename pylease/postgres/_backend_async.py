@@ -38,6 +38,7 @@ from pylease.errors import ConfigurationError, DatabaseUnavailable, SchemaMissin
 from pylease.postgres._abandon import bounded
 from pylease.postgres._conninfo import CONNECT_TIMEOUT, is_idle
 from pylease.postgres._errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
+from pylease.postgres._errors import translate
 from pylease.postgres._errors import wrap_errors as wrap_errors
 from pylease.postgres._syncrep import confirmed
 
@@ -137,8 +138,11 @@ class AsyncPostgresBackend(AsyncBackend):
     async def _rows(
         self, op: Operation, params: tuple[Any, ...], name: str | None
     ) -> list[tuple[Any, ...]]:
-        query = op.postgres if self.schema is None else qualified(op.postgres, self.schema)
-        with wrap_errors(name):
+        query = op.postgres
+        if self.schema is not None:
+            query = _qualified.get((query, self.schema)) or qualified(query, self.schema)
+        # As wrap_errors(name) does, without its calls on the hot path (a try costs none).
+        try:
             # A client-side cursor holds nothing to close: no `async with` on the hot path.
             cur = self.conn.cursor(row_factory=tuple_row)
             if self.defaults:
@@ -148,6 +152,8 @@ class AsyncPostgresBackend(AsyncBackend):
             except _SETTINGS_FAILURES:
                 return await self._with_defaults(cur, query, params)
             return await cur.fetchall()
+        except psycopg.Error as exc:
+            raise translate(exc, name) from exc
 
     async def _with_defaults(
         self, cur: psycopg.AsyncCursor[tuple[Any, ...]], query: LiteralString, params: Any
