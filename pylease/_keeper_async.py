@@ -514,12 +514,20 @@ if True:  # ASYNC
         weakref.WeakKeyDictionary()
     )
 
+    # The last loop asked about and its keeper: a block asks several times.
+    _last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncKeeper] | None = None
+
     def keeper() -> AsyncKeeper:
         """The keeper of the running event loop."""
+        global _last
         loop = asyncio.get_running_loop()
+        last = _last
+        if last is not None and last[0]() is loop:
+            return last[1]
         found = _keepers.get(loop)
         if found is None:
             found = _keepers[loop] = AsyncKeeper()
+        _last = (weakref.ref(loop), found)
         return found
 
 else:

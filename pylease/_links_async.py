@@ -248,12 +248,20 @@ if True:  # ASYNC
         weakref.WeakKeyDictionary()
     )
 
+    # The last loop asked about and its registry: every block asks twice.
+    _last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncRegistry] | None = None
+
     def registry() -> AsyncRegistry:
         """The registry of the running event loop."""
+        global _last
         loop = asyncio.get_running_loop()
+        last = _last
+        if last is not None and last[0]() is loop:
+            return last[1]
         found = _registries.get(loop)
         if found is None:
             found = _registries[loop] = AsyncRegistry()
+        _last = (weakref.ref(loop), found)
         return found
 
 else:
