@@ -362,9 +362,8 @@ def lease(
     :raises LeaseBusy: the lease is held by another holder (after ``wait``).
     :raises LeaseLost: the block returned, but the lease was lost meanwhile.
     """
-    opts = block_options(
-        target,
-        heartbeat_target,
+    # What block_options does, without its keyword dictionaries: every block pays.
+    opts = options(
         name,
         ttl,
         holder=holder,
@@ -377,6 +376,7 @@ def lease(
         data=data,
         on_release_requested=on_release_requested,
     )
+    check_target(target, heartbeat_target)
     return Lease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 

@@ -410,9 +410,8 @@ if True:  # ASYNC
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the lease was lost while the block ran.
         """
-        opts = block_options(
-            target,
-            heartbeat_target,
+        # What block_options does, without its keyword dictionaries: every block pays.
+        opts = options(
             name,
             ttl,
             holder=holder,
@@ -426,6 +425,7 @@ if True:  # ASYNC
             data=data,
             on_release_requested=on_release_requested,
         )
+        check_target(target, heartbeat_target)
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
@@ -517,9 +517,8 @@ else:
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the block returned, but the lease was lost meanwhile.
         """
-        opts = block_options(
-            target,
-            heartbeat_target,
+        # What block_options does, without its keyword dictionaries: every block pays.
+        opts = options(
             name,
             ttl,
             holder=holder,
@@ -532,6 +531,7 @@ else:
             data=data,
             on_release_requested=on_release_requested,
         )
+        check_target(target, heartbeat_target)
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
