@@ -40,7 +40,8 @@ fi
 verify() {
     local kind=$1 name=$2 ltl=$3
     shift 3
-    local dir="$work/$name" flags="-DSAFETY $STORE" note="" optimize=-O2
+    # -O1, not -O2: pan.c compiles in half the time, and its searches run as fast.
+    local dir="$work/$name" flags="-DSAFETY $STORE" note="" optimize=-O1
     [ "$STORE" = "-DHC4" ] && note=" [hash-compacted]"
     mkdir "$dir"
     cp ./*.pml "$dir/"

@@ -42,6 +42,14 @@ done
 start=$(date +%s)
 pytest_rc=0
 "$make" --no-print-directory pytest || pytest_rc=$?
+# The checks ran niced so that pytest came first; with pytest done, nice only hands
+# their CPU to whatever else runs on the machine (under `stress --cpu 2` the model
+# check got a twentieth of a core). Raising a priority needs root; otherwise they
+# stay niced.
+tree() { local child; for child in $(pgrep -P "$1"); do echo "$child"; tree "$child"; done; }
+for pid in "${pids[@]}"; do
+    renice -n 0 -p $(tree "$pid") > /dev/null 2>&1 || true
+done
 summary=("pytest: $([ "$pytest_rc" -eq 0 ] && echo passed || echo "FAILED (exit $pytest_rc)") in $(($(date +%s) - start))s")
 
 failed=$((pytest_rc != 0))

@@ -99,7 +99,7 @@ def test_a_run_asked_to_step_down_stops_releases_and_exits_76(
 ) -> None:
     out = tmp_path / "out.txt"
     proc = start(
-        started, "run", "deploy", "--ttl", "1500ms", "--dsn", url, "--", *child, "trap", str(out)
+        started, "run", "deploy", "--ttl", "6s", "--dsn", url, "--", *child, "trap", str(out)
     )
     wait_for(out, "ready", proc)
     asked = ok("request-release", "deploy", "--by", "release-2.5", "--dsn", url)
@@ -117,12 +117,12 @@ def test_a_leader_asked_to_step_down_hands_over_to_the_standby(
 ) -> None:
     first, second = tmp_path / "first.txt", tmp_path / "second.txt"
     a = start(
-        started, "leader", "scheduler", "--ttl", "1500ms", "--holder", "a", "--dsn", url,
+        started, "leader", "scheduler", "--ttl", "6s", "--holder", "a", "--dsn", url,
         "--", *child, "trap", str(first),
     )  # fmt: skip
     wait_for(first, "ready", a)
     b = start(
-        started, "leader", "scheduler", "--ttl", "1500ms", "--holder", "b", "--dsn", url,
+        started, "leader", "scheduler", "--ttl", "6s", "--holder", "b", "--dsn", url,
         "--", *child, "trap", str(second),
     )  # fmt: skip
     ok("request-release", "scheduler", "--dsn", url)

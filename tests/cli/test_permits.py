@@ -291,7 +291,7 @@ def test_a_revoked_permit_stops_the_command_and_says_who_has_the_slot(
 ) -> None:
     out = tmp_path / "out"
     proc = start(
-        procs, "run", NAME, "--max-permits", "1", "--ttl", "1s", "--dsn", db.url,
+        procs, "run", NAME, "--max-permits", "1", "--ttl", "6s", "--dsn", db.url,
         "--", sys.executable, "-c", STOPPABLE, str(out),
     )  # fmt: skip
     wait_for(out, "ready", proc)

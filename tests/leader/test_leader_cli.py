@@ -312,7 +312,7 @@ def test_sigterm_is_forwarded_and_it_resigns(
 def test_a_stolen_term_stops_the_child_and_exits_75(
     url: str, child: list[str], out: Path, started: list[subprocess.Popen[str]]
 ) -> None:
-    proc = start(started, "leader", "sched", "--ttl", "1s", "--dsn", url, "--",
+    proc = start(started, "leader", "sched", "--ttl", "6s", "--dsn", url, "--",
                  *child, "trap", str(out))  # fmt: skip
     wait_for(out, "ready", proc)
     stolen = pylease("steal", "sched", "--ttl", "1m", "--holder", "operator", "--dsn", url)
