@@ -242,6 +242,8 @@ class SharedClaim:
 def fence_of(grant: object) -> int:
     """The fence a grant is logged with: a lease's, a reader's epoch, or the first of
     several."""
+    if type(grant) is int:
+        return grant  # a lease's, the common case: before the ABC check of Mapping
     if isinstance(grant, Share):
         return grant.epoch
     if isinstance(grant, Mapping):

@@ -87,12 +87,13 @@ def owner(target: object) -> object:
 
 
 def _psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Watch | None:
+    # libpq's PQTRANS_IDLE, asked first: every block's exit on a connection asks.
+    if conn.closed or conn.pgconn.transaction_status == 0:
+        return None  # no transaction of the caller's is open (nor a statement running)
     from psycopg.pq import ConnStatus, TransactionStatus  # loaded: conn is psycopg's
 
     idle, unknown = int(TransactionStatus.IDLE), int(TransactionStatus.UNKNOWN)
     ok = int(ConnStatus.OK)
-    if conn.closed or int(conn.pgconn.transaction_status) == idle:
-        return None  # no transaction of the caller's is open (nor a statement running)
     pgconn = conn.pgconn
 
     def ended() -> bool | None:

@@ -26,11 +26,9 @@ _live: dict[str, dict[str, tuple[Hashable, tuple[str, int]] | None]] = {}
 def _caller() -> tuple[str, int]:
     """The task running this (on an event loop), else the thread."""
     asyncio = sys.modules.get("asyncio")  # no task can run where asyncio was never loaded
-    if asyncio is not None:
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:
-            task = None
+    # No running loop, no task: asked without the RuntimeError current_task() raises.
+    if asyncio is not None and asyncio._get_running_loop() is not None:
+        task = asyncio.current_task()
         if task is not None:
             return ("task", id(task))
     return ("thread", threading.get_ident())
@@ -113,25 +111,27 @@ def leave(name: str, holder: str) -> None:
 
 
 def _after_fork() -> None:
-    global _lock, _live
+    global _lock, _live, _holder_prefix
     # The lock may have been held by another thread at the fork: a new one.
     _lock = threading.Lock()
     _live = {}
+    _holder_prefix = None  # a holder names the child's pid
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-_holder_prefix: tuple[int, str] | None = None
+_holder_prefix: str | None = None
 
 
 def default_holder() -> str:
     """``host:pid:<128 random bits>``: unique per claim, readable by humans."""
     global _holder_prefix
-    pid = os.getpid()
-    if _holder_prefix is None or _holder_prefix[0] != pid:
-        # The host name is asked once per process (it is a system call per claim).
-        _holder_prefix = (pid, f"{socket.gethostname()}:{pid}:")
+    if _holder_prefix is None:
+        # The host name and pid are asked once per process (forgotten at a fork): each
+        # is a system call per claim.
+        pid = os.getpid()
+        _holder_prefix = f"{socket.gethostname()}:{pid}:"
     # What secrets.token_hex(16) returns, without importing secrets (hmac, OpenSSL).
-    return _holder_prefix[1] + os.urandom(16).hex()
+    return _holder_prefix + os.urandom(16).hex()

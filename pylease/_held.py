@@ -270,6 +270,7 @@ def options(
     shared: object = False,
     data: object = None,
     on_release_requested: object = None,
+    cancel_on_lost: object = False,
 ) -> Options:
     """Check every argument before any SQL runs (ValueError subclasses)."""
     name = _checks.key("name", name)
@@ -281,11 +282,18 @@ def options(
     poll = None
     if poll_interval is not None:
         poll = _checks.ttl(poll_interval, "poll_interval").total_seconds()
-    callable_option("on_lost", on_lost)
-    callable_option("on_release_requested", on_release_requested)
-    bool_option("heartbeat", heartbeat)
-    bool_option("shared", shared)
-    if _checks.data(data) is not None and shared:
+    # Each check called only when its argument is not the usual one: every block pays.
+    if on_lost is not None:
+        callable_option("on_lost", on_lost)
+    if on_release_requested is not None:
+        callable_option("on_release_requested", on_release_requested)
+    if heartbeat is not True:
+        bool_option("heartbeat", heartbeat)
+    if shared is not False:
+        bool_option("shared", shared)
+    if cancel_on_lost is not True and cancel_on_lost is not False:
+        bool_option("cancel_on_lost", cancel_on_lost)
+    if data is not None and _checks.data(data) is not None and shared:
         raise InvalidArgument(
             "pylease: data is published by the exclusive holder: a reader has none"
             " (leave data out with shared=True)",
@@ -305,6 +313,7 @@ def options(
         bool(heartbeat),
         min_hold_,
         poll,
+        cancel_on_lost=bool(cancel_on_lost),
         shared=bool(shared),
         data=data,
         on_release_requested=on_release_requested,  # type: ignore[arg-type]

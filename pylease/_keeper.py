@@ -171,8 +171,10 @@ class Keeper:
             ticket.kept = False
             if group is not None and ticket in group.tickets:
                 group.tickets.remove(ticket)
-                if not group.tickets and not group.busy:
-                    del self._groups[key]
+                if not group.tickets:
+                    # Kept for the next lease of its source (a loop of short leases
+                    # builds no group per lease); the next round drops it if unused.
+                    group.next_at = float("inf")
             # A tick that already sent this renewal is answered before the release
             # goes out, so its answer cannot be taken for a loss after the release
             # (within a block's exit, only while its budget allows: the answer of a
@@ -191,6 +193,11 @@ class Keeper:
         caller's transaction has ended; then close its link."""
         self._deferred.append(entry)
         self._wake()
+
+    def deferring(self) -> bool:
+        """Whether a lease is kept (or being released) for a caller's transaction: else
+        :meth:`adopt` has nothing to give."""
+        return bool(self._deferred or self._releasing)
 
     def adopt(self, name: str, holder: str | None, owner: object) -> Deferred | None:
         """Take back a deferred lease of ``name`` kept for ``owner``'s transaction, for a

@@ -197,8 +197,10 @@ class AsyncKeeper:
             ticket.kept = False
             if group is not None and ticket in group.tickets:
                 group.tickets.remove(ticket)
-                if not group.tickets and not group.busy:
-                    del self._groups[key]
+                if not group.tickets:
+                    # Kept for the next lease of its source (a loop of short leases
+                    # builds no group per lease); the next round drops it if unused.
+                    group.next_at = float("inf")
             # A tick that already sent this renewal is answered before the release
             # goes out, so its answer cannot be taken for a loss after the release
             # (within a block's exit, only while its budget allows: the answer of a
@@ -217,6 +219,11 @@ class AsyncKeeper:
         caller's transaction has ended; then close its link."""
         self._deferred.append(entry)
         self._wake()
+
+    def deferring(self) -> bool:
+        """Whether a lease is kept (or being released) for a caller's transaction: else
+        :meth:`adopt` has nothing to give."""
+        return bool(self._deferred or self._releasing)
 
     async def adopt(self, name: str, holder: str | None, owner: object) -> Deferred | None:
         """Take back a deferred lease of ``name`` kept for ``owner``'s transaction, for a
@@ -507,12 +514,20 @@ if True:  # ASYNC
         weakref.WeakKeyDictionary()
     )
 
+    # The last loop asked about and its keeper: a block asks several times.
+    _last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncKeeper] | None = None
+
     def keeper() -> AsyncKeeper:
         """The keeper of the running event loop."""
+        global _last
         loop = asyncio.get_running_loop()
+        last = _last
+        if last is not None and last[0]() is loop:
+            return last[1]
         found = _keepers.get(loop)
         if found is None:
             found = _keepers[loop] = AsyncKeeper()
+        _last = (weakref.ref(loop), found)
         return found
 
 else:

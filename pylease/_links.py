@@ -61,6 +61,37 @@ AT_ONCE = 1.0
 AGAIN = _budget.CONNECT_FLOOR + FLOOR
 
 
+# libpq's CONNECTION_OK and PQTRANS_IDLE: a caller's connection is read as
+# pylease.postgres._conninfo.is_idle reads it, without loading the driver here.
+_OK = 0
+_IDLE = 0
+_pg: Any = None
+
+
+def _postgres() -> Any:
+    """:mod:`pylease.postgres._backend`, imported at the first statement on a
+    caller's connection (a lease on SQLite never loads the driver)."""
+    global _pg
+    if _pg is None:
+        from pylease.postgres import _backend
+
+        _pg = _backend
+    return _pg
+
+
+_pg_sources: Any = None
+
+
+def _postgres_sources() -> Any:
+    """:mod:`pylease.postgres._sources`, imported as :func:`_postgres`."""
+    global _pg_sources
+    if _pg_sources is None:
+        from pylease.postgres import _sources
+
+        _pg_sources = _sources
+    return _pg_sources
+
+
 def in_schema(op: Op[T], schema: str | None) -> Op[T]:
     """``op`` with every statement naming ``schema`` (None: as it is)."""
     if schema is None:
@@ -189,6 +220,18 @@ class Registry:
             self._sources[source.key] = (found, count + 1)
             return found
 
+    def acquire_key(self, key: Hashable, make: Callable[[], Source]) -> Source:
+        """The source of ``key`` in use, or ``make()``'s: a lease per loop iteration
+        builds no source of its own while one of its database is in use."""
+        with self._mutex:
+            found = self._sources.get(key)
+            if found is None:
+                source = make()
+                self._sources[key] = (source, 1)
+                return source
+            self._sources[key] = (found[0], found[1] + 1)
+            return found[0]
+
     def release(self, source: Source) -> None:
         with self._mutex:
             found, count = self._sources[source.key]
@@ -230,8 +273,10 @@ class Link:
         conn: psycopg.Connection[Any] | None = None,
         sqlite_conn: sqlite3.Connection | None = None,
         listen_conninfo: str | None = None,
+        acquired: bool = False,
     ) -> None:
-        self.source = registry().acquire(source)
+        # ``acquired``: the registry already counts this lease as a user of ``source``.
+        self.source = source if acquired else registry().acquire(source)
         self.conn = conn
         self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
@@ -243,9 +288,7 @@ class Link:
         """The schema every statement of this link names (None: SQLite), found once."""
         if self._schema is None and not self.sqlite:
             if self.conn is not None:
-                from pylease.postgres._backend import connection_schema
-
-                self._schema = connection_schema(self.conn, name)
+                self._schema = _postgres().connection_schema(self.conn, name)
             else:
                 self._schema = self.source.schema(name)
         return self._schema
@@ -263,18 +306,18 @@ class Link:
     def run(
         self, op: Op[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        op = in_schema(op, self._schema or self.schema(name))
+        schema = self._schema or self.schema(name)
         conn = self.conn
         if conn is not None:
-            from pylease.postgres._backend import run_committed
-            from pylease.postgres._conninfo import is_idle
-
-            if is_idle(conn) or conn.closed:
+            pgconn = conn.pgconn
+            if (pgconn.status == _OK and pgconn.transaction_status == _IDLE) or conn.closed:
                 # A closed connection fails loudly here rather than silently elsewhere.
-                return run_committed(conn, op)
+                result: T = _postgres().run_committed(conn, op, schema, idle=True)
+                return result
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
+        op = in_schema(op, schema)
         return self.source.run(op, name=name, retry=retry, urgent=urgent)
 
     def run_release(self, op: Op[T], *, name: str, again: Op[T] | None = None) -> T:
@@ -285,25 +328,24 @@ class Link:
         schema = self._schema or self.schema(name)
         started = monotonic()
         try:
-            return self._release(in_schema(op, schema), name)
+            return self._release(op, schema, name)
         except DatabaseUnavailable:
             # Within a block's exit, only while a connect and a statement still fit.
             if again is None or monotonic() - started > AT_ONCE or not _budget.spare(AGAIN):
                 raise
         return self.source.run(in_schema(again, schema), name=name, retry=True, urgent=True)
 
-    def _release(self, op: Op[T], name: str) -> T:
+    def _release(self, op: Op[T], schema: str | None, name: str) -> T:
         conn = self.conn
         if conn is not None:
-            from pylease.postgres._backend import run_committed
-            from pylease.postgres._conninfo import is_idle
-
-            if is_idle(conn):
-                return run_committed(conn, op)
+            pgconn = conn.pgconn
+            if pgconn.status == _OK and pgconn.transaction_status == _IDLE:
+                result: T = _postgres().run_committed(conn, op, schema, idle=True)
+                return result
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
             return op(backend)
-        return self.source.run(op, name=name, urgent=True)
+        return self.source.run(in_schema(op, schema), name=name, urgent=True)
 
     def close(self) -> None:
         registry().release(self.source)
@@ -344,6 +386,8 @@ def in_memory(parameter: str) -> InvalidArgument:
 
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
+    if heartbeat_target is None and is_connection(target):
+        return  # the common case: a connection renews on one of pylease's own
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if is_connection(target):
         if heartbeat_target is target:
@@ -375,6 +419,11 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     same parameters (password included), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
+    if heartbeat_target is None and is_connection(target):
+        # The common case first (a lease per loop iteration on one connection): nothing
+        # to check or adapt, and the source of its database found by key.
+        renewals, conninfo = _postgres_sources().own_source(target)
+        return Link(renewals, conn=target, listen_conninfo=conninfo, acquired=True)
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, sqlite3.Connection) and target.in_transaction:
@@ -387,11 +436,6 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
             parameter="target",
         )
     if is_connection(target):
-        if heartbeat_target is None:
-            from pylease.postgres._sources import own_source
-
-            renewals, conninfo = own_source(target)
-            return Link(renewals, conn=target, listen_conninfo=conninfo)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return Link(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)

@@ -62,6 +62,37 @@ AT_ONCE = 1.0
 AGAIN = _budget.CONNECT_FLOOR + FLOOR
 
 
+# libpq's CONNECTION_OK and PQTRANS_IDLE: a caller's connection is read as
+# pylease.postgres._conninfo.is_idle reads it, without loading the driver here.
+_OK = 0
+_IDLE = 0
+_pg: Any = None
+
+
+def _postgres() -> Any:
+    """:mod:`pylease.postgres._backend_async`, imported at the first statement on a
+    caller's connection (a lease on SQLite never loads the driver)."""
+    global _pg
+    if _pg is None:
+        from pylease.postgres import _backend_async
+
+        _pg = _backend_async
+    return _pg
+
+
+_pg_sources: Any = None
+
+
+def _postgres_sources() -> Any:
+    """:mod:`pylease.postgres._sources_async`, imported as :func:`_postgres`."""
+    global _pg_sources
+    if _pg_sources is None:
+        from pylease.postgres import _sources_async
+
+        _pg_sources = _sources_async
+    return _pg_sources
+
+
 def in_schema(op: AsyncOp[T], schema: str | None) -> AsyncOp[T]:
     """``op`` with every statement naming ``schema`` (None: as it is)."""
     if schema is None:
@@ -190,6 +221,18 @@ class AsyncRegistry:
             self._sources[source.key] = (found, count + 1)
             return found
 
+    def acquire_key(self, key: Hashable, make: Callable[[], AsyncSource]) -> AsyncSource:
+        """The source of ``key`` in use, or ``make()``'s: a lease per loop iteration
+        builds no source of its own while one of its database is in use."""
+        with self._mutex:
+            found = self._sources.get(key)
+            if found is None:
+                source = make()
+                self._sources[key] = (source, 1)
+                return source
+            self._sources[key] = (found[0], found[1] + 1)
+            return found[0]
+
     async def release(self, source: AsyncSource) -> None:
         with self._mutex:
             found, count = self._sources[source.key]
@@ -205,12 +248,20 @@ if True:  # ASYNC
         weakref.WeakKeyDictionary()
     )
 
+    # The last loop asked about and its registry: every block asks twice.
+    _last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncRegistry] | None = None
+
     def registry() -> AsyncRegistry:
         """The registry of the running event loop."""
+        global _last
         loop = asyncio.get_running_loop()
+        last = _last
+        if last is not None and last[0]() is loop:
+            return last[1]
         found = _registries.get(loop)
         if found is None:
             found = _registries[loop] = AsyncRegistry()
+        _last = (weakref.ref(loop), found)
         return found
 
 else:
@@ -243,8 +294,10 @@ class AsyncLink:
         conn: psycopg.AsyncConnection[Any] | None = None,
         sqlite_conn: sqlite3.Connection | None = None,
         listen_conninfo: str | None = None,
+        acquired: bool = False,
     ) -> None:
-        self.source = registry().acquire(source)
+        # ``acquired``: the registry already counts this lease as a user of ``source``.
+        self.source = source if acquired else registry().acquire(source)
         self.conn = conn
         self.sqlite_conn = sqlite_conn
         self.listen_conninfo = listen_conninfo
@@ -256,9 +309,7 @@ class AsyncLink:
         """The schema every statement of this link names (None: SQLite), found once."""
         if self._schema is None and not self.sqlite:
             if self.conn is not None:
-                from pylease.postgres._backend_async import connection_schema
-
-                self._schema = await connection_schema(self.conn, name)
+                self._schema = await _postgres().connection_schema(self.conn, name)
             else:
                 self._schema = await self.source.schema(name)
         return self._schema
@@ -276,21 +327,21 @@ class AsyncLink:
     async def run(
         self, op: AsyncOp[T], *, name: str | None = None, retry: bool = False, urgent: bool = False
     ) -> T:
-        op = in_schema(op, self._schema or await self.schema(name))
+        schema = self._schema or await self.schema(name)
         conn = self.conn
         if conn is not None:
-            from pylease.postgres._backend_async import run_committed
-            from pylease.postgres._conninfo import is_idle
-
-            if is_idle(conn) or conn.closed:
+            pgconn = conn.pgconn
+            if (pgconn.status == _OK and pgconn.transaction_status == _IDLE) or conn.closed:
                 # A closed connection fails loudly here rather than silently elsewhere.
-                return await run_committed(conn, op)
+                result: T = await _postgres().run_committed(conn, op, schema, idle=True)
+                return result
         if True:  # ASYNC
             pass  # no sqlite_conn on an event loop: see the module's docstring
         else:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
+        op = in_schema(op, schema)
         return await self.source.run(op, name=name, retry=retry, urgent=urgent)
 
     async def run_release(self, op: AsyncOp[T], *, name: str, again: AsyncOp[T] | None = None) -> T:
@@ -301,28 +352,27 @@ class AsyncLink:
         schema = self._schema or await self.schema(name)
         started = monotonic()
         try:
-            return await self._release(in_schema(op, schema), name)
+            return await self._release(op, schema, name)
         except DatabaseUnavailable:
             # Within a block's exit, only while a connect and a statement still fit.
             if again is None or monotonic() - started > AT_ONCE or not _budget.spare(AGAIN):
                 raise
         return await self.source.run(in_schema(again, schema), name=name, retry=True, urgent=True)
 
-    async def _release(self, op: AsyncOp[T], name: str) -> T:
+    async def _release(self, op: AsyncOp[T], schema: str | None, name: str) -> T:
         conn = self.conn
         if conn is not None:
-            from pylease.postgres._backend_async import run_committed
-            from pylease.postgres._conninfo import is_idle
-
-            if is_idle(conn):
-                return await run_committed(conn, op)
+            pgconn = conn.pgconn
+            if pgconn.status == _OK and pgconn.transaction_status == _IDLE:
+                result: T = await _postgres().run_committed(conn, op, schema, idle=True)
+                return result
         if True:  # ASYNC
             pass
         else:
             if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
                 backend: AsyncBackend = sqlite_module().AsyncSqliteBackend(self.sqlite_conn)
                 return await op(backend)
-        return await self.source.run(op, name=name, urgent=True)
+        return await self.source.run(in_schema(op, schema), name=name, urgent=True)
 
     async def close(self) -> None:
         await registry().release(self.source)
@@ -363,6 +413,8 @@ def in_memory(parameter: str) -> InvalidArgument:
 
 def check(target: object, heartbeat_target: object = None) -> None:
     """Raise InvalidArgument now for a target :func:`link` would refuse (no I/O)."""
+    if heartbeat_target is None and is_async_connection(target):
+        return  # the common case: a connection renews on one of pylease's own
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     if is_async_connection(target):
         if heartbeat_target is target:
@@ -394,6 +446,11 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
     same parameters (password included), unless
     ``heartbeat_target`` names a URL, a pool or a connection dedicated to pylease.
     """
+    if heartbeat_target is None and is_async_connection(target):
+        # The common case first (a lease per loop iteration on one connection): nothing
+        # to check or adapt, and the source of its database found by key.
+        renewals, conninfo = _postgres_sources().own_source(target)
+        return AsyncLink(renewals, conn=target, listen_conninfo=conninfo, acquired=True)
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, sqlite3.Connection) and target.in_transaction:
@@ -406,11 +463,6 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
             parameter="target",
         )
     if is_async_connection(target):
-        if heartbeat_target is None:
-            from pylease.postgres._sources_async import own_source
-
-            renewals, conninfo = own_source(target)
-            return AsyncLink(renewals, conn=target, listen_conninfo=conninfo)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return AsyncLink(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)

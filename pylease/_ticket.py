@@ -32,6 +32,19 @@ DRIFT_FLOOR = 0.05
 
 LostCallback = Callable[[LeaseLost], object]
 
+# This process's id, kept by a fork handler: every block's entry and exit compares a
+# ticket's with it, and os.getpid() is a system call.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
 
 def drift_margin(ttl: float) -> float:
     """How long before its computed expiry a holder stops believing (clock-rate bound)."""
@@ -110,11 +123,11 @@ class Ticket:
         # This host's wall clock less the keeper's, once: expires as a time of day.
         self.wall_offset = time.time() - monotonic()
         # When its next renewal is due: each lease at the pace of its own ttl.
-        self.due = sent_at + self.interval
+        self.due = sent_at + self.ttl / 3  # its interval
         self.renew_ttl: timedelta | None = ttl
         self.lost: LeaseLost | None = None
         self.renewals = 0
-        self.pid = os.getpid()
+        self.pid = _pid
         self.abandoned = False
         # The task or thread running its on_lost, once it was told.
         self.callback: Any = None
@@ -172,9 +185,10 @@ class Ticket:
         """A fresh LeaseLost if the lease is lost or past its expiry, else None."""
         if self.lost is not None:
             return LeaseLost(self.name, self.lost.reason)
-        if self.pid != os.getpid():
+        if self.pid != _pid:
             return LeaseLost(self.name, f"it is held by the parent process (pid {self.pid})")
-        if monotonic() >= self.believed_until:
+        # believed_until, inline: every block's exit asks.
+        if monotonic() >= self.expires - max(self.ttl * DRIFT, DRIFT_FLOOR):
             return LeaseLost(self.name, "its ttl ran out without a renewal")
         return None
 
@@ -188,7 +202,7 @@ class AsyncTicket(Ticket):
 
 def inherited(ticket: Ticket) -> bool:
     """True in a forked child for a ticket of its parent's."""
-    return ticket.pid != os.getpid()
+    return ticket.pid != _pid
 
 
 def abandon(ticket: Ticket) -> None:

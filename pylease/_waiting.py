@@ -58,7 +58,7 @@ import logging
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from pylease import _hub as hub
 from pylease._acompat import monotonic, sleep
@@ -210,7 +210,7 @@ class Wait(Generic[G]):
         if fence is not None:
             return self._granted(fence)
         if self.opts.wait <= 0:
-            self._busy_at_once()
+            self.busy_at_once()
         free = False
         if self.attempt.follows:
             # Wait on the name in the way from the start (the mark was taken before the
@@ -260,7 +260,7 @@ class Wait(Generic[G]):
         self.waiter, _ = hub.enter(waiter.hub.conninfo, self.attempt.name, None)
         self.retry = True
 
-    def _busy_at_once(self) -> None:
+    def busy_at_once(self) -> NoReturn:
         """A wait of 0 that met a busy lease: LeaseBusy, naming the holder if asked."""
         holding, data = None, None
         if self.want_holder or self.on_busy is not None:
@@ -470,5 +470,15 @@ def acquire_with(
     :raises LeaseBusy: the wait ran out.
     :raises WaitStopped: ``stop`` was set first.
     """
-    wait = Wait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
-    return wait.run()
+    if opts.wait > 0:
+        wait = Wait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
+        return wait.run()
+    # No wait: one claim, as Wait.run starts, without its state unless it is busy.
+    sent_at = monotonic()
+    grant = link_.run(attempt.claim, name=attempt.name, retry=True)
+    if grant is None:
+        wait = Wait(link_, attempt, opts, want_holder=want_holder, on_busy=on_busy, stop=stop)
+        wait.start = wait.sent_at = sent_at
+        wait.busy_at_once()
+    log_claimed(attempt.name, attempt.holder, fence_of(grant), attempt.ttl.total_seconds(), 0.0)
+    return grant, sent_at

@@ -31,7 +31,6 @@ from pylease._held import (
     RELEASE_FOUND_LOST,
     Held,
     Options,
-    bool_option,
     finish,
     options,
 )
@@ -151,14 +150,14 @@ class Lease:
         # reachable from here), nobody can leave the block: the keeper stops renewing
         # and releases at once (issue 10, defect 8; issue 21, item 15).
         ticket.link = link_
-        ticket.keeper = keeper()
+        ticket.keeper = keeper_ = keeper()
         self._held = held  # so the Held is collected only once this is too
         self._finalizer = weakref.finalize(held, abandon, ticket)
         # Not at exit: a daemon thread may still be inside its block then, and a
         # release would let another holder in under it. The expiry frees the lease.
         self._finalizer.atexit = False
         if opts.heartbeat:
-            keeper().add(ticket, link_.renewals)
+            keeper_.add(ticket, link_.renewals)
         return held
 
     def __exit__(
@@ -247,10 +246,8 @@ class Lease:
         item 3): True. False when there is none, or the lease turns out lost: the
         block then ends as any block does.
         """
-        if ticket.error() is not None:
-            return False
         watch = _caller_tx.watch(self._target)
-        if watch is None:
+        if watch is None or ticket.error() is not None:
             return False
         if exc is None and not link_.sqlite:
             # The verdict a release would give, while the caller can still roll back:
@@ -274,10 +271,13 @@ class Lease:
         """Continue the tenure of an earlier block of this name that ended in the
         caller's transaction still open (or just ended) on the same connection: held
         since, it could not be granted again before that transaction ends."""
+        keeper_ = keeper()
+        if not keeper_.deferring():
+            return False  # nothing is kept for a caller's transaction: every entry asks
         owner = self._owner()
         if owner is None:
             return False
-        entry = keeper().adopt(self._opts.name, self._opts.holder, owner)
+        entry = keeper_.adopt(self._opts.name, self._opts.holder, owner)
         if entry is None:
             return False
         self._link = entry.link
@@ -306,10 +306,9 @@ def block_options(
 ) -> Options:
     """Every argument of a lease block (a lease's, permits', several names'), checked
     before any I/O: ``ValueError`` subclasses."""
-    opts = options(name, ttl, **rest)
-    bool_option("cancel_on_lost", cancel_on_lost)
+    opts = options(name, ttl, cancel_on_lost=cancel_on_lost, **rest)
     check_target(target, heartbeat_target)
-    return opts._replace(cancel_on_lost=bool(cancel_on_lost))
+    return opts
 
 
 def lease(
@@ -363,9 +362,8 @@ def lease(
     :raises LeaseBusy: the lease is held by another holder (after ``wait``).
     :raises LeaseLost: the block returned, but the lease was lost meanwhile.
     """
-    opts = block_options(
-        target,
-        heartbeat_target,
+    # What block_options does, without its keyword dictionaries: every block pays.
+    opts = options(
         name,
         ttl,
         holder=holder,
@@ -378,6 +376,7 @@ def lease(
         data=data,
         on_release_requested=on_release_requested,
     )
+    check_target(target, heartbeat_target)
     return Lease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
 

@@ -32,7 +32,6 @@ from pylease._held import (
     RELEASE_FOUND_LOST,
     AsyncHeld,
     Options,
-    bool_option,
     finish,
     options,
 )
@@ -161,14 +160,14 @@ class AsyncLease:
         # reachable from here), nobody can leave the block: the keeper stops renewing
         # and releases at once (issue 10, defect 8; issue 21, item 15).
         ticket.link = link_
-        ticket.keeper = keeper()
+        ticket.keeper = keeper_ = keeper()
         self._held = held  # so the Held is collected only once this is too
         self._finalizer = weakref.finalize(held, abandon, ticket)
         # Not at exit: a daemon thread may still be inside its block then, and a
         # release would let another holder in under it. The expiry frees the lease.
         self._finalizer.atexit = False
         if opts.heartbeat:
-            await keeper().add(ticket, link_.renewals)
+            await keeper_.add(ticket, link_.renewals)
         return held
 
     async def __aexit__(
@@ -279,10 +278,8 @@ class AsyncLease:
         item 3): True. False when there is none, or the lease turns out lost: the
         block then ends as any block does.
         """
-        if ticket.error() is not None:
-            return False
         watch = _caller_tx.watch(self._target)
-        if watch is None:
+        if watch is None or ticket.error() is not None:
             return False
         if exc is None and not link_.sqlite:
             # The verdict a release would give, while the caller can still roll back:
@@ -306,10 +303,13 @@ class AsyncLease:
         """Continue the tenure of an earlier block of this name that ended in the
         caller's transaction still open (or just ended) on the same connection: held
         since, it could not be granted again before that transaction ends."""
+        keeper_ = keeper()
+        if not keeper_.deferring():
+            return False  # nothing is kept for a caller's transaction: every entry asks
         owner = self._owner()
         if owner is None:
             return False
-        entry = await keeper().adopt(self._opts.name, self._opts.holder, owner)
+        entry = await keeper_.adopt(self._opts.name, self._opts.holder, owner)
         if entry is None:
             return False
         self._link = entry.link
@@ -366,10 +366,9 @@ def block_options(
 ) -> Options:
     """Every argument of a lease block (a lease's, permits', several names'), checked
     before any I/O: ``ValueError`` subclasses."""
-    opts = options(name, ttl, **rest)
-    bool_option("cancel_on_lost", cancel_on_lost)
+    opts = options(name, ttl, cancel_on_lost=cancel_on_lost, **rest)
     check_target(target, heartbeat_target)
-    return opts._replace(cancel_on_lost=bool(cancel_on_lost))
+    return opts
 
 
 if True:  # ASYNC
@@ -411,9 +410,8 @@ if True:  # ASYNC
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the lease was lost while the block ran.
         """
-        opts = block_options(
-            target,
-            heartbeat_target,
+        # What block_options does, without its keyword dictionaries: every block pays.
+        opts = options(
             name,
             ttl,
             holder=holder,
@@ -427,6 +425,7 @@ if True:  # ASYNC
             data=data,
             on_release_requested=on_release_requested,
         )
+        check_target(target, heartbeat_target)
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(
@@ -518,9 +517,8 @@ else:
         :raises LeaseBusy: the lease is held by another holder (after ``wait``).
         :raises LeaseLost: the block returned, but the lease was lost meanwhile.
         """
-        opts = block_options(
-            target,
-            heartbeat_target,
+        # What block_options does, without its keyword dictionaries: every block pays.
+        opts = options(
             name,
             ttl,
             holder=holder,
@@ -533,6 +531,7 @@ else:
             data=data,
             on_release_requested=on_release_requested,
         )
+        check_target(target, heartbeat_target)
         return AsyncLease(target, opts, on_lost=on_lost, heartbeat_target=heartbeat_target)
 
     async def arun_exclusive(

@@ -34,33 +34,35 @@ class _Timers:
     more than a statement on a local server."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # A plain lock under the condition: a push takes it without Condition's calls.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         # (when, order, bound): a bound disarmed before its time is dropped when it comes
         # up, at most a bound later.
         self._heap: list[tuple[float, int, bounded]] = []
         self._order = itertools.count()
-        self._pid = 0
+        # A forked child makes timers of its own (_after_fork): its thread starts there.
+        self._started = False
 
     def push(self, seconds: float, bound: bounded) -> None:
         """Fire ``bound`` in ``seconds`` unless it is disarmed first."""
         when = time.monotonic() + seconds
-        with self._cond:
-            if self._pid != os.getpid():
-                # First use, or a forked child: the parent's thread is not here.
+        with self._lock:
+            if not self._started:
                 self._heap = []
-                self._pid = os.getpid()
+                self._started = True
                 threading.Thread(target=self._run, name="pylease-bounds", daemon=True).start()
-            first = not self._heap or when < self._heap[0][0]
-            heapq.heappush(self._heap, (when, next(self._order), bound))
+            heap = self._heap
+            first = not heap or when < heap[0][0]
+            heapq.heappush(heap, (when, next(self._order), bound))
             if first:
                 self._cond.notify()
 
     def _run(self) -> None:
-        pid = os.getpid()
         while True:
             with self._cond:
                 while True:
-                    if self._pid != pid:
+                    if _timers is not self:
                         return  # a forked child's copy of a thread that is not there
                     while self._heap and not self._heap[0][2].armed:
                         heapq.heappop(self._heap)
@@ -77,9 +79,10 @@ _timers = _Timers()
 
 
 def _after_fork() -> None:
-    # The parent's lock may have been held at the fork, and its thread is not here.
-    global _timers
+    # The parent's locks may have been held at the fork, and its thread is not here.
+    global _timers, _arming
     _timers = _Timers()
+    _arming = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -90,6 +93,11 @@ if hasattr(os, "register_at_fork"):
 # the connect timeout, what bounds the release after a renewal hung, so a block ends
 # within 10 s of its body.
 STATEMENT_BOUND = 3.0
+
+
+# Disarms a bound before its block ends and fires one on the timers' thread, never both
+# at once: one lock for every bound, held only for either.
+_arming = threading.Lock()
 
 
 class bounded:
@@ -104,7 +112,7 @@ class bounded:
     class rather than a generator: it wraps every statement, and each call costs.
     """
 
-    __slots__ = ("_conn", "_fd", "_lock", "_seconds", "armed", "fired")
+    __slots__ = ("_conn", "_seconds", "armed", "fired")
 
     def __init__(self, conn: Any, seconds: float = STATEMENT_BOUND) -> None:
         deadline = exit_deadline.get()  # inline: every statement pays for this
@@ -112,21 +120,23 @@ class bounded:
             seconds = min(seconds, max(deadline - time.monotonic(), FLOOR))
         self._conn, self._seconds = conn, seconds
         self.armed = self.fired = False
-        self._fd: int | None = None
-        self._lock = threading.Lock()
 
     def __enter__(self) -> None:
-        try:
-            self._fd = int(self._conn.pgconn.socket)
-        except Exception:  # a connection already broken has no socket to shut
-            self._fd = None
         self.armed = True
-        _timers.push(self._seconds, self)
+        # _Timers.push, inline: every statement pays for this.
+        timers = _timers
+        when = time.monotonic() + self._seconds
+        with timers._lock:
+            heap = timers._heap
+            if timers._started and heap and when >= heap[0][0]:
+                heapq.heappush(heap, (when, next(timers._order), self))
+                return
+        timers.push(self._seconds, self)
 
     def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:
-        with self._lock:
+        with _arming:
             self.armed = False
-        if isinstance(exc, DatabaseUnavailable) and self.fired:
+        if exc is not None and self.fired and isinstance(exc, DatabaseUnavailable):
             raise Abandoned(
                 f"pylease: database unavailable: no answer within {self._seconds:g}s, so"
                 " the connection was abandoned",
@@ -135,15 +145,21 @@ class bounded:
 
     def fire(self) -> None:
         """Shut the socket down, unless the block ended first."""
-        with self._lock:
-            if not self.armed or self._fd is None:
+        with _arming:
+            if not self.armed:
+                return
+            # The statement still runs, so the connection's socket is the one it runs on
+            # (a connection already broken has none to shut).
+            try:
+                fd = int(self._conn.pgconn.socket)
+            except Exception:
                 return
             self.armed = False
             self.fired = True
             # On a duplicate: shutdown() acts on the socket itself, and the driver
             # keeps its own descriptor to close as usual.
             try:
-                dup = socket.socket(fileno=os.dup(self._fd))
+                dup = socket.socket(fileno=os.dup(fd))
             except OSError:
                 return
             with contextlib.suppress(OSError):

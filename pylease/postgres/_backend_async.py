@@ -38,6 +38,7 @@ from pylease.errors import ConfigurationError, DatabaseUnavailable, SchemaMissin
 from pylease.postgres._abandon import bounded
 from pylease.postgres._conninfo import CONNECT_TIMEOUT, is_idle
 from pylease.postgres._errors import MISSING_SCHEMA_HINT as MISSING_SCHEMA_HINT
+from pylease.postgres._errors import translate
 from pylease.postgres._errors import wrap_errors as wrap_errors
 from pylease.postgres._syncrep import confirmed
 
@@ -137,8 +138,11 @@ class AsyncPostgresBackend(AsyncBackend):
     async def _rows(
         self, op: Operation, params: tuple[Any, ...], name: str | None
     ) -> list[tuple[Any, ...]]:
-        query = op.postgres if self.schema is None else qualified(op.postgres, self.schema)
-        with wrap_errors(name):
+        query = op.postgres
+        if self.schema is not None:
+            query = _qualified.get((query, self.schema)) or qualified(query, self.schema)
+        # As wrap_errors(name) does, without its calls on the hot path (a try costs none).
+        try:
             # A client-side cursor holds nothing to close: no `async with` on the hot path.
             cur = self.conn.cursor(row_factory=tuple_row)
             if self.defaults:
@@ -148,6 +152,8 @@ class AsyncPostgresBackend(AsyncBackend):
             except _SETTINGS_FAILURES:
                 return await self._with_defaults(cur, query, params)
             return await cur.fetchall()
+        except psycopg.Error as exc:
+            raise translate(exc, name) from exc
 
     async def _with_defaults(
         self, cur: psycopg.AsyncCursor[tuple[Any, ...]], query: LiteralString, params: Any
@@ -188,14 +194,19 @@ async def connect_own(conninfo: str, name: str | None) -> psycopg.AsyncConnectio
 
 
 async def run_committed(
-    conn: psycopg.AsyncConnection[Any], op: Callable[[AsyncBackend], Awaitable[T]]
+    conn: psycopg.AsyncConnection[Any],
+    op: Callable[[AsyncBackend], Awaitable[T]],
+    schema: str | None = None,
+    *,
+    idle: bool = False,
 ) -> T:
-    """Run ``op`` on an idle connection as a transaction of its own.
+    """Run ``op`` on an idle connection as a transaction of its own, its statements
+    naming ``schema`` (None: as they are); ``idle``: the caller has just seen it idle.
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
     """
-    if not conn.closed and not is_idle(conn):
+    if not idle and not conn.closed and not is_idle(conn):
         raise ConfigurationError(
             "pylease: a connection pylease was given for its own statements is inside a"
             " transaction; pylease never runs a claim, renewal or release there (it would"
@@ -203,9 +214,9 @@ async def run_committed(
         )
     with bounded(conn):
         if conn.autocommit:
-            return await op(AsyncPostgresBackend(conn))
+            return await op(AsyncPostgresBackend(conn, schema))
         try:
-            result = await op(AsyncPostgresBackend(conn))
+            result = await op(AsyncPostgresBackend(conn, schema))
             try:
                 with wrap_errors():
                     await conn.commit()
@@ -214,7 +225,7 @@ async def run_committed(
                     raise
                 # At the commit: a serializable default's verdict, not the race's (nothing
                 # committed). Once more, READ COMMITTED.
-                result = await op(AsyncPostgresBackend(conn, defaults=True))
+                result = await op(AsyncPostgresBackend(conn, schema, defaults=True))
                 with wrap_errors():
                     await conn.commit()
         except BaseException:

@@ -22,7 +22,7 @@ from pylease import _budget
 from pylease import dsn as dsn_mod
 from pylease._acompat import Lock, lock_within, monotonic, spawn
 from pylease._budget import FLOOR
-from pylease._links import AT_ONCE, Op, Source, find_schema, take
+from pylease._links import AT_ONCE, Op, Source, find_schema, registry, take
 from pylease._targets import is_pool
 from pylease.errors import DatabaseUnavailable
 from pylease.postgres._abandon import STATEMENT_BOUND, bounded
@@ -65,10 +65,11 @@ def source_for(target: object, parameter: str) -> tuple[Source, str | None] | No
 
 def own_source(conn: psycopg.Connection[Any]) -> tuple[Source, str]:
     """Where a bare connection's leases are renewed: a connection of pylease's own,
-    opened with its parameters (password included, see :func:`connection_conninfo`);
-    and the conninfo to LISTEN with."""
+    opened with its parameters (password included, see :func:`connection_conninfo`),
+    acquired from the registry for the caller; and the conninfo to LISTEN with."""
     conninfo = conninfo_of(conn)
-    return ConninfoSource(conninfo), conninfo
+    source = registry().acquire_key(("postgres", conninfo), lambda: ConninfoSource(conninfo))
+    return source, conninfo
 
 
 class ConninfoSource:
@@ -134,6 +135,8 @@ class ConninfoSource:
             conn.close()
 
     def close(self) -> None:
+        if self._conn is None and not self._lock.locked():
+            return  # never connected (a lease that was never renewed), nothing under way
         left = _budget.left()
         if left is None:
             self._close()

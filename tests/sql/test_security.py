@@ -9,6 +9,7 @@ command line, as real logins with real connections.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -335,6 +336,26 @@ def test_default_holders_carry_128_random_bits_distinct_per_claim(dsn: str, conn
     for bit in range(128):
         seen = {(t >> bit) & 1 for t in tokens}
         assert seen == {0, 1}, f"bit {bit} never changes"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_childs_default_holder_names_the_child() -> None:
+    parent = TOKEN.match(default_holder())  # the parent has made its holders' prefix
+    assert parent and int(parent["pid"]) == os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one holder, then out at once
+        try:
+            os.write(write, default_holder().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        holder = pipe.read()
+    os.waitpid(pid, 0)
+    match = TOKEN.match(holder)
+    assert match, holder
+    assert int(match["pid"]) == pid
 
 
 # Passwords never leak --------------------------------------------------------------
