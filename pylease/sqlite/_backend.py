@@ -402,7 +402,31 @@ class AsyncSqliteBackend(AsyncBackend):
     async def _call(self, op: Operation, params: tuple[Any, ...], name: str | None) -> Any:
         import asyncio  # here: the sync backend's users never load it
 
-        return await asyncio.to_thread(self.sync._call, op, params, name)
+        running = asyncio.ensure_future(asyncio.to_thread(self.sync._call, op, params, name))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            # A cancelled caller may close the connection next, and closing a sqlite3
+            # connection under a statement another thread runs crashes the interpreter:
+            # the cancellation goes on only once the statement is done (a statement is
+            # bounded by the busy timeout).
+            await _finished(running)
+            raise
+
+
+async def _finished(running: Any) -> None:
+    """Wait until ``running`` is done, through any further cancellation."""
+    import asyncio
+
+    while not running.done():
+        try:
+            await asyncio.shield(running)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # the caller was cancelled: this is not its error to raise
+            return
+    if not running.cancelled():
+        running.exception()  # retrieved, so that asyncio does not log it as lost
 
 
 def set_history(conn: sqlite3.Connection, setting: str) -> None:

@@ -4,7 +4,9 @@ renew_each, counters, history and prune_history, and the new status columns.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -96,3 +98,34 @@ async def test_fence_exhaustion_raises_fence_exhausted(backend: AsyncBackend) ->
     with pytest.raises(FenceExhausted) as caught:
         await backend.claim("worn", HOUR, "new")
     assert caught.value.name == "worn"
+
+
+async def test_a_cancelled_sqlite_call_returns_only_once_its_thread_let_go(tmp_path: Path) -> None:
+    # The caller may close the connection as soon as its cancelled call returns, and
+    # closing a sqlite3 connection under another thread's statement crashes Python.
+    path = tmp_path / "c.sqlite3"
+    conn, other = connect(path, busy_timeout=1.0), connect(path)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # the claim's statement waits for this write lock
+        backend = AsyncSqliteBackend(conn)
+        task = asyncio.create_task(backend.claim("n", HOUR, "me"))
+        lock = backend.sync._lock
+
+        def taken() -> bool:  # by another thread (an RLock: ours would be granted again)
+            if lock.acquire(blocking=False):
+                lock.release()
+                return False
+            return True
+
+        deadline = time.monotonic() + 30
+        while not taken():
+            assert time.monotonic() < deadline, "the claim's thread never took the connection"
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not taken()
+    finally:
+        other.rollback()
+        other.close()
+        conn.close()
