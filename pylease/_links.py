@@ -412,6 +412,13 @@ def check(target: object, heartbeat_target: object = None) -> None:
     source_for(target)
 
 
+def _own_link(conn: Any) -> Link:
+    """A caller's connection, renewed on a connection of pylease's own to its database
+    (that database's source, found by key)."""
+    renewals, conninfo = _postgres_sources().own_source(conn)
+    return Link(renewals, conn=conn, listen_conninfo=conninfo, acquired=True)
+
+
 def link(target: object, *, heartbeat_target: object = None) -> Link:
     """The :class:`Link` for a target.
 
@@ -421,9 +428,8 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
     """
     if heartbeat_target is None and is_connection(target):
         # The common case first (a lease per loop iteration on one connection): nothing
-        # to check or adapt, and the source of its database found by key.
-        renewals, conninfo = _postgres_sources().own_source(target)
-        return Link(renewals, conn=target, listen_conninfo=conninfo, acquired=True)
+        # to check or adapt.
+        return _own_link(target)
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, sqlite3.Connection) and target.in_transaction:
@@ -436,6 +442,8 @@ def link(target: object, *, heartbeat_target: object = None) -> Link:
             parameter="target",
         )
     if is_connection(target):
+        if heartbeat_target is None:  # an ORM's connection
+            return _own_link(target)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return Link(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)

@@ -439,6 +439,13 @@ def check(target: object, heartbeat_target: object = None) -> None:
     source_for(target)
 
 
+def _own_link(conn: Any) -> AsyncLink:
+    """A caller's connection, renewed on a connection of pylease's own to its database
+    (that database's source, found by key)."""
+    renewals, conninfo = _postgres_sources().own_source(conn)
+    return AsyncLink(renewals, conn=conn, listen_conninfo=conninfo, acquired=True)
+
+
 def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
     """The :class:`AsyncLink` for a target.
 
@@ -448,9 +455,8 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
     """
     if heartbeat_target is None and is_async_connection(target):
         # The common case first (a lease per loop iteration on one connection): nothing
-        # to check or adapt, and the source of its database found by key.
-        renewals, conninfo = _postgres_sources().own_source(target)
-        return AsyncLink(renewals, conn=target, listen_conninfo=conninfo, acquired=True)
+        # to check or adapt.
+        return _own_link(target)
     target = adapt(target)  # ORM targets: SQLAlchemy, Django (pylease._orm)
     check(target, heartbeat_target)
     if isinstance(target, sqlite3.Connection) and target.in_transaction:
@@ -463,6 +469,8 @@ def link(target: object, *, heartbeat_target: object = None) -> AsyncLink:
             parameter="target",
         )
     if is_async_connection(target):
+        if heartbeat_target is None:  # an ORM's connection
+            return _own_link(target)
         source, listen = source_for(heartbeat_target, "heartbeat_target")
         return AsyncLink(source, conn=target, listen_conninfo=listen)
     source, listen = source_for(target)
