@@ -37,7 +37,7 @@ fi
 # as the reused explicit holder of permits and names did with migration 0014), or reach
 # (a state the configurations must be able to reach, so that a property had something
 # to judge: LTL says it never happens, and the search must find a run to it).
-verify() {
+run_one() {
     local kind=$1 name=$2 ltl=$3
     shift 3
     # -O1, not -O2: pan.c compiles in half the time, and its searches run as fast.
@@ -48,8 +48,8 @@ verify() {
     # A mutant's shortest counterexample: breadth first. Its search is small: compiled
     # unoptimised, which takes a third of the time and costs the search less than that.
     [ "$kind" != pass ] && flags="-DSAFETY -DCOLLAPSE -DBFS" && optimize=-O0
-    (cd "$dir" && spin -a "$@" pylease.pml > spin.out 2>&1) || { echo "$name: FAIL: spin -a"; cat "$dir/spin.out"; failed=1; return; }
-    (cd "$dir" && "${CC:-gcc}" $optimize -w $flags -DMEMLIM=1024 -o pan pan.c) || { echo "$name: FAIL: gcc"; failed=1; return; }
+    (cd "$dir" && spin -a "$@" pylease.pml > spin.out 2>&1) || { echo "$name: FAIL: spin -a"; cat "$dir/spin.out"; touch "$work/failed"; return; }
+    (cd "$dir" && "${CC:-gcc}" $optimize -w $flags -DMEMLIM=1024 -o pan pan.c) || { echo "$name: FAIL: gcc"; touch "$work/failed"; return; }
     local start end out verdict stored
     start=$(date +%s.%N)
     out=$(cd "$dir" && ./pan -m100000 -N "$ltl" 2>&1) || true
@@ -64,7 +64,7 @@ verify() {
         else
             echo "config $name [$ltl] $*: FAIL: $verdict; $stored states; ${took}s"
             grep -m3 'pan:\|Search not completed\|max search depth\|memory' <<< "$out" || true
-            failed=1
+            touch "$work/failed"
         fi
     else
         local steps
@@ -77,9 +77,22 @@ verify() {
             echo "$what $name [$ltl] $*: $found, $run of $steps steps; $verdict; ${took}s"
         else
             echo "$what $name [$ltl] $*: FAIL: no $run found; $verdict; ${took}s"
-            failed=1
+            touch "$work/failed"
         fi
     fi
+}
+
+# verify KIND NAME LTL DEFINES...: run_one in the background, MODEL_JOBS (default 2) at
+# once: the searches are independent, and beside `make test`'s pytest two of them use
+# what CPU the tests leave. Their lines are printed in the order of the verify lines.
+jobs_max=${MODEL_JOBS:-2}
+order=()
+verify() {
+    order+=("$2")
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+        wait -n || true
+    done
+    run_one "$@" > "$work/$2.result" 2>&1 &
 }
 
 start_all=$(date +%s)
@@ -219,6 +232,11 @@ verify fail partition-claim-continues   partitions  -DSLOW=0 -DGROUPS=2 -DGKEEPE
 verify fail member-belief-from-arrival  members     -DSLOW=0 -DGROUPS=1 -DGKEEPERS=1 -DMUT_MEMBER_FROM_ARRIVAL
 verify fail join-live-name              members     -DSLOW=0 -DGROUPS=2 -DMUT_JOIN_LIVE_NAME
 
+wait
+for name in "${order[@]}"; do
+    cat "$work/$name.result"
+done
+[ -e "$work/failed" ] && failed=1
 echo "model-check ($set_name): done in $(( $(date +%s) - start_all ))s"
 if [ "$failed" -ne 0 ]; then
     echo "model-check: FAILED" >&2
