@@ -212,7 +212,7 @@ class Hub:
             try:
                 conn = self._open()
             except psycopg.Error as exc:
-                logger.info("pylease: cannot LISTEN, waiters poll until it works: %s", exc)
+                logger.info("cannot LISTEN, waiters poll until it works: %s", exc)
             else:
                 # The waiters queued meanwhile claim after this (see enter()).
                 self._listening(conn, wake=False)
@@ -324,7 +324,7 @@ class Hub:
                     try:
                         conn = self._open()
                     except psycopg.Error as exc:
-                        logger.info("pylease: cannot LISTEN again yet: %s", exc)
+                        logger.info("cannot LISTEN again yet: %s", exc)
                         backoff = min(backoff * 2, MAX_RELISTEN)
                         continue
                     backoff = FIRST_RELISTEN
@@ -334,7 +334,7 @@ class Hub:
                     for notify in conn.notifies(timeout=TICK):
                         self._dispatch(notify.channel, notify.payload)
                 except psycopg.Error as exc:
-                    logger.info("pylease: the LISTEN connection was lost, waiters poll: %s", exc)
+                    logger.info("the LISTEN connection was lost, waiters poll: %s", exc)
                     with _mutex:
                         self.conn = None
                         self._wake_heads()

@@ -213,7 +213,7 @@ class AsyncHub:
             try:
                 conn = await self._open()
             except psycopg.Error as exc:
-                logger.info("pylease: cannot LISTEN, waiters poll until it works: %s", exc)
+                logger.info("cannot LISTEN, waiters poll until it works: %s", exc)
             else:
                 # The waiters queued meanwhile claim after this (see enter()).
                 self._listening(conn, wake=False)
@@ -325,7 +325,7 @@ class AsyncHub:
                     try:
                         conn = await self._open()
                     except psycopg.Error as exc:
-                        logger.info("pylease: cannot LISTEN again yet: %s", exc)
+                        logger.info("cannot LISTEN again yet: %s", exc)
                         backoff = min(backoff * 2, MAX_RELISTEN)
                         continue
                     backoff = FIRST_RELISTEN
@@ -335,7 +335,7 @@ class AsyncHub:
                     async for notify in conn.notifies(timeout=TICK):
                         self._dispatch(notify.channel, notify.payload)
                 except psycopg.Error as exc:
-                    logger.info("pylease: the LISTEN connection was lost, waiters poll: %s", exc)
+                    logger.info("the LISTEN connection was lost, waiters poll: %s", exc)
                     with _mutex:
                         self.conn = None
                         self._wake_heads()

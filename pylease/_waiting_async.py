@@ -144,7 +144,7 @@ async def join_queue(link_: AsyncLink, waiter: AsyncWaiter) -> None:
         first = await link_.run(lambda b: b.wait(name, token, ttl), name=name, retry=True)
     except SchemaMissing:
         # Before migration 0005: every waiting process claims on a release.
-        logger.info("pylease: no queue of waiting processes in this schema (migration 0005)")
+        logger.info("no queue of waiting processes in this schema (migration 0005)")
         waiter.hub.db_queue = False
         return
     hub.joined(waiter, first, monotonic() + WAITER_TTL / 3)
@@ -160,7 +160,7 @@ async def leave_queue(link_: AsyncLink, waiter: AsyncWaiter, *, granted: bool) -
         await link_.run(lambda b: b.unwait(name, token, granted), name=name)
     except PyleaseError as exc:
         # Its row expires by itself: the next process only waits a little longer.
-        logger.info("pylease: could not leave the queue of waiters of %r: %s", name, exc)
+        logger.info("could not leave the queue of waiters of %r: %s", name, exc)
 
 
 class _Turn(enum.Enum):
