@@ -84,7 +84,7 @@ def test_commands_on_sqlite_load_neither_the_driver_nor_asyncio(tmp_path: Path) 
         ["run", "sem", "--max-permits", "2", "--ttl", "1m", "--dsn", url, "--", "true"],
         ["claim", "job", "--ttl", "1m", "--dsn", url],
         ["status", "--dsn", url],
-        ["leader", "boss", "--ttl", "1s", "--dsn", url, "--", "true"],
+        ["leader", "boss", "--ttl", "30s", "--dsn", url, "--", "true"],
     ]
     for args in commands:
         assert POSTGRES_OR_ASYNC.isdisjoint(loaded_by(args)), args
