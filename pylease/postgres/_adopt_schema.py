@@ -33,8 +33,11 @@ _CATALOG: dict[str, str] = {
           FROM pg_class AS c WHERE c.relnamespace = %(oid)s
            AND (c.relname LIKE 'pylease\\_%%' OR c.relname LIKE 'lease\\_%%')
          ORDER BY 1""",
+    # A column's place among the live columns: one that a migration dropped leaves a gap
+    # in attnum that schema.sql, which never had it, does not.
     "columns": """
-        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
+        SELECT c.relname, row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+               format_type(a.atttypid, a.atttypmod),
                a.attnotnull, a.attidentity, pg_get_expr(d.adbin, d.adrelid)
           FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
           LEFT JOIN pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum

@@ -42,9 +42,10 @@ CREATE TABLE pylease_leases (
     release_requested_by text,
     -- Somebody watches the name (lease_watch): its changes notify (pylease_tell_watchers).
     watched     boolean     NOT NULL DEFAULT false,
-    -- A reader was granted the name once (pylease_claim_shared): only then may
-    -- pylease_shared hold its shares, and an exclusive grant look for them.
-    shared_seen boolean     NOT NULL DEFAULT false,
+    -- pylease_share_ids as it stood when this tenure was granted: a reader of the
+    -- tenure draws a later one, so a grant that finds the sequence still there knows
+    -- no reader came since (pylease_claim). NULL on a row a reader made.
+    share_mark  bigint,
     CONSTRAINT pylease_leases_unclaimed CHECK (holder IS NOT NULL OR released)
 ) WITH (fillfactor = 50);
 
@@ -280,6 +281,53 @@ BEGIN
 END
 $$;
 
+-- For an exclusive grant in a transaction that is not READ COMMITTED, whose snapshot
+-- may predate readers (a shared claim writes only its own row, which such a snapshot
+-- does not see): takes the names' reader-writer locks (in name order), so that no
+-- reader comes in any more, then raises 40001 when a transaction the snapshot does not
+-- see has locked one of their lease rows since its last update (a reader's claim locks
+-- it FOR KEY SHARE; the lock stays in the row version, as xmax, a single locker's or a
+-- multixact's). Conservative: a fenced transaction (lease_holds) counts too, and a
+-- value that may be either kind of xmax is read as both.
+CREATE FUNCTION pylease_refuse_unseen_readers(operation text, names text[]) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    snap    pg_snapshot := pg_current_snapshot();
+    top     bigint := pg_snapshot_xmax(snap)::text::bigint;
+    own     bigint := pg_current_xact_id_if_assigned()::text::bigint;
+    locked  text;
+    locker  xid;
+    lockers bigint[];
+BEGIN
+    PERFORM pg_advisory_xact_lock(1886155383, hashtext(u.n))
+       FROM (SELECT DISTINCT n FROM unnest(pylease_refuse_unseen_readers.names) AS n ORDER BY n) AS u;
+    FOR locked, locker IN
+        SELECT l.name, l.xmax FROM pylease_leases AS l
+         WHERE l.name = ANY (pylease_refuse_unseen_readers.names) AND l.xmax <> '0'::xid
+    LOOP
+        lockers := ARRAY[locker::text::bigint];
+        BEGIN
+            lockers := lockers || ARRAY(SELECT m.xid::text::bigint
+                                          FROM pg_get_multixact_members(locker) AS m);
+        EXCEPTION WHEN OTHERS THEN
+            NULL;  -- no multixact has this number: a single locker's xid
+        END;
+        -- Each 32-bit xid in the epoch that puts it within 2^31 of the snapshot's xmax.
+        IF EXISTS (SELECT FROM unnest(lockers) AS u(x),
+                          LATERAL (SELECT (top & ~4294967295) + u.x
+                                          - CASE WHEN (top & ~4294967295) + u.x > top + 2147483648
+                                                 THEN 4294967296 ELSE 0 END AS x8) AS f
+                    WHERE f.x8 >= 3 AND f.x8 IS DISTINCT FROM own
+                      AND NOT pg_visible_in_snapshot(f.x8::text::xid8, snap)) THEN
+            RAISE EXCEPTION 'pylease: % of % under % isolation: a reader may have come after this transaction''s snapshot, which cannot see it',
+                operation, quote_literal(locked), current_setting('transaction_isolation')
+                USING ERRCODE = '40001',
+                      HINT = 'Grant it in a READ COMMITTED transaction (pylease''s Python API runs the claim again in one).';
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- Raises 22023 unless a count (max_permits, permits) is from 1 to most; most_name
 -- names the bound in the message.
 CREATE FUNCTION pylease_check_count(parameter text, value integer, most integer, most_name text)
@@ -408,7 +456,9 @@ DECLARE
     s_fence  bigint;
     s_freed  boolean;
     s_busy   boolean;
-    s_read   boolean;
+    s_mark   bigint;
+    s_seq    bigint;
+    s_last   bigint;
     history  text;
 BEGIN
     -- One cheap test in the common case (a read-only transaction's too, as on a
@@ -445,8 +495,9 @@ BEGIN
         -- new tenure, whoever holds it.
         SELECT l.holder, l.fence, l.released,
                l.expires_at > t_now
-               AND (pylease_claim.new_tenure OR l.released OR l.holder <> pylease_claim.holder)
-          INTO s_holder, s_fence, s_freed, s_busy
+               AND (pylease_claim.new_tenure OR l.released OR l.holder <> pylease_claim.holder),
+               l.share_mark, pg_sequence_last_value('pylease_share_ids')
+          INTO s_holder, s_fence, s_freed, s_busy, s_mark, s_seq
           FROM pylease_leases AS l
          WHERE l.name = pylease_claim.name;
         IF s_busy THEN
@@ -454,10 +505,11 @@ BEGIN
         ELSIF s_fence IS NULL THEN
             -- A first claim of the name; a conflict means another claimer created it first.
             INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
-                                             expires_at, grants, data)
+                                             expires_at, grants, data, share_mark)
             VALUES (pylease_claim.name, pylease_claim.holder,
                     ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
-                    pylease_claim.ttl, t_now, t_now, t_now + pylease_claim.ttl, 1, pylease_claim.data)
+                    pylease_claim.ttl, t_now, t_now, t_now + pylease_claim.ttl, 1, pylease_claim.data,
+                    pg_sequence_last_value('pylease_share_ids'))
             ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
             RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
             IF history IS NULL OR history IN ('', 'rare', 'none') THEN
@@ -492,14 +544,32 @@ BEGIN
             -- Free (released, or expired: a takeover). The fence is floored by the
             -- timeline WAL is written on, so a promoted standby never reissues the
             -- old primary's fences. The setting is read by the same statement.
-            -- A statement_timeout (a role's, a database's) shorter than this wait
-            -- would cancel the claim, an error, before the wait counts as busy: the
-            -- wait takes at most half of the statement's time.
-            IF current_setting('statement_timeout') <> '0' THEN
-                PERFORM set_config('lock_timeout', least(2000, greatest(1, (500 * extract(epoch
-                    FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
-            END IF;
+            -- Readers: each share draws a later pylease_share_ids than the grant of its
+            -- epoch recorded in share_mark (the reader draws once it holds the row FOR
+            -- KEY SHARE, so after that grant committed). The sequence as read above (it
+            -- is not transactional) equal to the mark: no reader came since, and the
+            -- grant looks for none; otherwise it looks, before it writes (a busy answer
+            -- writes nothing), and once more after its update took the row, in a
+            -- statement of its own, which sees every reader whose row lock the update
+            -- waited for. (The sequence cycles: it comes back to a mark only after 2^31
+            -- shares, all drawn between two grants of one name.)
             BEGIN
+                IF current_setting('statement_timeout') <> '0'
+                   OR current_setting('transaction_isolation') <> 'read committed' THEN
+                    -- A statement_timeout (a role's, a database's) shorter than this wait
+                    -- would cancel the claim, an error, before the wait counts as busy:
+                    -- the wait takes at most half of the statement's time.
+                    IF current_setting('statement_timeout') <> '0' THEN
+                        PERFORM set_config('lock_timeout', least(2000, greatest(1, (500 * extract(epoch
+                            FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
+                    END IF;
+                    -- Not READ COMMITTED: the snapshot may predate a reader that committed
+                    -- since.
+                    IF current_setting('transaction_isolation') <> 'read committed' THEN
+                        PERFORM pylease_refuse_unseen_readers(CASE WHEN pylease_claim.new_tenure
+                            THEN 'lease_claim_new' ELSE 'lease_claim' END, ARRAY[pylease_claim.name]);
+                    END IF;
+                END IF;
                 UPDATE pylease_leases AS l
                    SET fence       = greatest(s_fence + 1,
                         ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
@@ -513,29 +583,26 @@ BEGIN
                        data        = pylease_claim.data,
                        release_requested_by = NULL,
                        grants      = l.grants + 1,
-                       takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END
+                       takeovers   = l.takeovers + CASE WHEN s_freed THEN 0 ELSE 1 END,
+                       share_mark  = s_seq
                  WHERE l.name = pylease_claim.name AND l.fence = s_fence AND l.released = s_freed
                    AND l.expires_at <= t_now
-                   -- Free of readers too, once a reader was ever granted the name: one
-                   -- never read has no shares to look for.
-                   AND (NOT l.shared_seen OR pylease_unshared(pylease_claim.name, s_fence, t_now))
-                RETURNING l.fence, l.shared_seen, current_setting('pylease.history', true)
-                     INTO granted, s_read, history;
+                   AND (l.share_mark IS NOT DISTINCT FROM s_seq
+                        OR pylease_unshared(pylease_claim.name, s_fence, t_now))
+                RETURNING l.fence, pg_sequence_last_value('pylease_share_ids'),
+                          current_setting('pylease.history', true)
+                     INTO granted, s_last, history;
                 IF granted IS NULL THEN
                     -- Read by readers: busy, and nothing was written. (Otherwise the row
                     -- changed since it was read: look again.)
-                    IF EXISTS (SELECT FROM pylease_shared AS s
-                                WHERE s.name = pylease_claim.name AND s.epoch = s_fence
-                                  AND s.expires_at > t_now) THEN
+                    IF s_mark IS DISTINCT FROM s_seq
+                       AND NOT pylease_unshared(pylease_claim.name, s_fence, t_now) THEN
                         RETURN NULL;
                     END IF;
-                ELSIF s_read THEN
-                    -- A reader granted while the update waited for its row lock is seen
-                    -- only now, by a statement of its own: then busy after all. The rows
-                    -- of the name's readers go (they hold no longer once the fence moved).
-                    -- A name never read skips this: its first reader marks the row
-                    -- (shared_seen) while it holds it FOR KEY SHARE, so a grant after that
-                    -- reader sees the mark in the row version it replaces.
+                ELSIF s_last IS DISTINCT FROM s_mark THEN
+                    -- The name's shares go (their readers hold no longer once the fence
+                    -- moved), and a reader granted, or renewed, while the update waited for
+                    -- the row is seen now: then busy after all.
                     WITH gone AS (
                         DELETE FROM pylease_shared AS s WHERE s.name = pylease_claim.name
                         RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
@@ -545,9 +612,10 @@ BEGIN
                         RAISE EXCEPTION USING ERRCODE = 'PLBSY';
                     END IF;
                 END IF;
-            EXCEPTION WHEN lock_not_available OR SQLSTATE 'PLBSY' THEN
+            EXCEPTION WHEN lock_not_available OR deadlock_detected OR SQLSTATE 'PLBSY' THEN
                 -- The previous holder's fenced transaction is still open, or a reader
-                -- came first: not ours yet.
+                -- came first: not ours yet. (A deadlock: a transaction of a name's
+                -- readers that a grant not READ COMMITTED waits for, waiting in turn.)
                 RETURN NULL;
             END;
             IF granted IS NOT NULL THEN
@@ -904,6 +972,9 @@ DECLARE
     notify  boolean;
     history text;
     ignored text;
+    s_fence bigint;
+    s_rest  boolean[];
+    s_queue boolean;
 BEGIN
     IF lease_release.name IS NULL OR lease_release.name = '' OR length(lease_release.name) > 200
        OR lease_release.holder IS NULL OR lease_release.holder = ''
@@ -938,7 +1009,39 @@ BEGIN
     RETURNING l.fence, l.expires_at <= t_now, current_setting('pylease.history', true)
          INTO freed, notify, history;
     IF freed IS NULL THEN
-        RETURN pylease_release_shared(lease_release.name, lease_release.holder, lease_release.fence);
+        -- No exclusive tenure: a reader's release, as pylease_release_shared (of this
+        -- epoch), without the call.
+        DELETE FROM pylease_shared AS s
+         WHERE s.name = lease_release.name AND s.holder = lease_release.holder
+           AND s.epoch = lease_release.fence
+        RETURNING (SELECT l.fence FROM pylease_leases AS l WHERE l.name = lease_release.name),
+                  (SELECT ARRAY[bool_or(x.epoch = s.epoch AND x.expires_at > t_now),
+                                bool_or(x.expires_at <= t_now)]
+                     FROM pylease_shared AS x
+                    WHERE x.name = lease_release.name AND x.holder <> lease_release.holder),
+                  EXISTS (SELECT FROM pylease_waiters AS w
+                           WHERE w.name = lease_release.name AND w.expires_at > t_now),
+                  current_setting('pylease.history', true)
+             INTO s_fence, s_rest, s_queue, history;
+        IF NOT FOUND OR s_fence IS DISTINCT FROM lease_release.fence THEN
+            RETURN false;
+        ELSIF history = 'all' THEN
+            INSERT INTO pylease_events (at, name, event, holder, fence)
+            VALUES (t_now, lease_release.name, 'released', lease_release.holder, lease_release.fence);
+        ELSIF history IS NOT NULL AND history NOT IN ('', 'rare', 'none') THEN
+            PERFORM pylease_refuse_history(history);
+        END IF;
+        IF s_rest[1] IS NOT TRUE OR s_queue THEN
+            ignored := pg_notify('pylease', lease_release.name);
+        END IF;
+        IF s_rest[2] THEN
+            DELETE FROM pylease_shared AS s
+             WHERE s.name = lease_release.name
+               AND s.holder IN (SELECT x.holder FROM pylease_shared AS x
+                                 WHERE x.name = lease_release.name AND x.expires_at <= t_now
+                                 LIMIT 16 FOR UPDATE SKIP LOCKED);
+        END IF;
+        RETURN true;
     ELSIF history IS NULL OR history IN ('', 'rare', 'none') THEN
         NULL;
     ELSIF history = 'all' THEN
@@ -1018,6 +1121,9 @@ BEGIN
         kind := CASE WHEN s_freed THEN 'claimed' WHEN s_expires <= t_now THEN 'taken_over'
                      ELSE 'stolen' END;
 
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            PERFORM pylease_refuse_unseen_readers('lease_steal', ARRAY[lease_steal.name]);
+        END IF;
         BEGIN
             UPDATE pylease_leases AS l
                SET fence       = greatest(s_fence + 1,
@@ -2058,6 +2164,10 @@ BEGIN
         )
         SELECT coalesce(array_agg(m.name), '{}') INTO created FROM made AS m;
 
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            PERFORM pylease_refuse_unseen_readers(CASE WHEN pylease_claim_all.new_tenure
+                THEN 'lease_claim_all_new' ELSE 'lease_claim_all' END, pylease_claim_all.names);
+        END IF;
         PERFORM FROM pylease_leases AS l
           WHERE l.name = ANY (pylease_claim_all.names)
           ORDER BY l.name
@@ -2517,9 +2627,10 @@ COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigin
 -- epoch, the share's id) when granted (the epoch: the fence of the name's latest
 -- exclusive grant, 0 if none), NULLs when an exclusive holder holds the name or a writer
 -- waits in the queue of waiting processes. A busy claim is answered by one read (no row
--- lock, no WAL). A grant locks the lease row FOR KEY SHARE and writes only the reader's
--- own row (the name's first reader also marks the lease row shared_seen, once), so
--- readers never wait for each other but for that mark. new_tenure false (lease_claim_shared):
+-- lock, no WAL). A grant locks the lease row FOR KEY SHARE and the name's reader-writer
+-- lock shared, and writes only the reader's own row, so readers never wait for each
+-- other (only a reader that finds an exclusive holder dead marks the row released,
+-- the takeover it is). new_tenure false (lease_claim_shared):
 -- a claim again by a reader of this epoch continues its share (its id, never an earlier
 -- expiry: a retried claim whose reply was lost). new_tenure true (for a holder the
 -- caller chose): busy while this holder's share of the epoch is unexpired (another
@@ -2528,8 +2639,8 @@ COMMENT ON FUNCTION pylease_renew_held(text[], text[], text[], interval[], bigin
 -- renewal does not name. Internal, not part of the contract.
 CREATE FUNCTION pylease_claim_shared(name text, ttl interval, holder text, new_tenure boolean,
                                      OUT epoch bigint, OUT share integer)
--- Waits at most lock_timeout for the lease row (an exclusive grant under way, or the
--- exclusive holder's renewal), then counts as busy.
+-- Waits at most lock_timeout for an exclusive grant under way (or the exclusive
+-- holder's renewal), then counts as busy.
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '2s' AS $$
 #variable_conflict use_column
 DECLARE
@@ -2540,8 +2651,8 @@ DECLARE
     s_expires timestamptz;
     s_mine    boolean;
     s_queued  boolean;
-    s_seen    boolean;
     s_share   integer;
+    s_lock    text;
     history   text;
 BEGIN
     IF pylease_claim_shared.name IS NULL OR pylease_claim_shared.name = ''
@@ -2587,9 +2698,9 @@ BEGIN
             -- The name's first claim: a row for readers to lock (no holder; its fence
             -- the floor, pylease_register_lease); a conflict: another first claim made it.
             INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
-                                             expires_at, released, shared_seen)
+                                             expires_at, released)
             VALUES (pylease_claim_shared.name, NULL, 0, pylease_claim_shared.ttl, t_now, t_now,
-                    t_now, true, true)
+                    t_now, true)
             ON CONFLICT DO NOTHING;
             CONTINUE;
         ELSIF (s_holder IS NOT NULL AND s_expires > t_now) OR (s_queued AND NOT s_mine)
@@ -2602,11 +2713,18 @@ BEGIN
                 FROM current_setting('statement_timeout')::interval))::bigint))::text, true);
         END IF;
         BEGIN
+            -- Shared, so readers never wait for each other: an exclusive grant whose
+            -- snapshot may be older than this claim (not READ COMMITTED) takes it alone
+            -- before it looks at the row's lockers (pylease_refuse_unseen_readers).
+            -- (READ COMMITTED grants need no such lock: this claim draws its share's id
+            -- after it locked the row, and a grant that finds a later id than the one
+            -- it recorded looks again once it holds the row, pylease_claim.)
+            s_lock := pg_advisory_xact_lock_shared(1886155383, hashtext(pylease_claim_shared.name));
             -- Locked FOR KEY SHARE, the row stays as read here until this transaction
-            -- ends: no exclusive grant (it changes the fence, a key column) comes
-            -- between, and the one that waits for this lock sees this reader.
-            SELECT l.holder, l.fence, l.released, l.expires_at, l.shared_seen
-              INTO s_holder, s_fence, s_freed, s_expires, s_seen
+            -- ends: no exclusive grant (it changes the fence, a key column) and no prune
+            -- comes between.
+            SELECT l.holder, l.fence, l.released, l.expires_at
+              INTO s_holder, s_fence, s_freed, s_expires
               FROM pylease_leases AS l
              WHERE l.name = pylease_claim_shared.name
                FOR KEY SHARE;
@@ -2620,9 +2738,8 @@ BEGIN
                 -- beside this reader. The one write of a reader to the row, counted and
                 -- recorded as the takeover it is; a renewal that came first wins.
                 UPDATE pylease_leases AS l
-                   SET released    = true,
-                       takeovers   = l.takeovers + 1,
-                       shared_seen = true
+                   SET released  = true,
+                       takeovers = l.takeovers + 1
                  WHERE l.name = pylease_claim_shared.name AND l.fence = s_fence
                    AND NOT l.released AND l.expires_at <= t_now;
                 IF NOT FOUND THEN
@@ -2636,12 +2753,6 @@ BEGIN
                 ELSIF history <> 'none' THEN
                     PERFORM pylease_refuse_history(history);
                 END IF;
-            ELSIF NOT s_seen THEN
-                -- The name's first reader marks the row, once: exclusive grants look for
-                -- shares only on a marked row (pylease_claim). A first reader at the same
-                -- time waits for this mark's commit, the only wait between readers.
-                UPDATE pylease_leases AS l SET shared_seen = true
-                 WHERE l.name = pylease_claim_shared.name AND NOT l.shared_seen;
             END IF;
             -- A retried claim of this epoch keeps its share (its id and acquired_at)
             -- and never moves its expiry earlier; a row of an earlier epoch is a share
@@ -2694,16 +2805,21 @@ $$;
 
 -- Claim a share of a lease (a reader), as pylease_claim_shared continuing a share of
 -- this holder: the epoch when granted, NULL when busy (an SQL function inlined into
--- its caller's statement).
+-- its caller's statement: a field of the call, not a subquery, which PostgreSQL never
+-- inlines and planned again on every call).
 CREATE FUNCTION lease_claim_shared(name text, ttl interval, holder text) RETURNS bigint
 LANGUAGE sql
-RETURN (SELECT c.epoch FROM pylease_claim_shared(lease_claim_shared.name, lease_claim_shared.ttl,
-                                                 lease_claim_shared.holder, false) AS c);
+RETURN (pylease_claim_shared(lease_claim_shared.name, lease_claim_shared.ttl,
+                             lease_claim_shared.holder, false)).epoch;
 
 -- A reader's release, for lease_release once no exclusive tenure of the holder was
 -- found, and for pylease_release_share: its share (of this epoch, and with this id,
 -- when given) is deleted; true when it was still its own (no exclusive grant since its
--- epoch). NOTIFY pylease when it was the last reader, or while a writer waits.
+-- epoch). NOTIFY pylease when it was the last reader, or while a writer waits. One
+-- statement deletes the share and reads what the rest decides on (the name's fence,
+-- the other readers, the queue), as its snapshot had them before the delete; the
+-- 4-argument lease_release does the same itself (it saves a call here, whose pinned
+-- search_path is set and restored on every call).
 CREATE FUNCTION pylease_release_shared(lease text, reader text, epoch bigint, share integer)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -2711,22 +2827,27 @@ DECLARE
     t_now   timestamptz := clock_timestamp();
     s_epoch bigint;
     s_fence bigint;
+    s_rest  boolean[];
+    s_queue boolean;
     history text;
+    ignored text;
 BEGIN
     DELETE FROM pylease_shared AS s
      WHERE s.name = lease AND s.holder = reader
        AND (pylease_release_shared.epoch IS NULL OR s.epoch = pylease_release_shared.epoch)
        AND (pylease_release_shared.share IS NULL OR s.share = pylease_release_shared.share)
-    RETURNING s.epoch INTO s_epoch;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    SELECT l.fence INTO s_fence FROM pylease_leases AS l WHERE l.name = lease;
-    IF s_epoch IS DISTINCT FROM s_fence THEN
-        RETURN false;  -- a writer was granted since: the share was no longer its own
-    END IF;
-    history := current_setting('pylease.history', true);
-    IF history = 'all' THEN
+    RETURNING s.epoch,
+              (SELECT l.fence FROM pylease_leases AS l WHERE l.name = lease),
+              -- Another unexpired reader of this epoch remains; expired shares remain.
+              (SELECT ARRAY[bool_or(x.epoch = s.epoch AND x.expires_at > t_now),
+                            bool_or(x.expires_at <= t_now)]
+                 FROM pylease_shared AS x WHERE x.name = lease AND x.holder <> reader),
+              EXISTS (SELECT FROM pylease_waiters AS w WHERE w.name = lease AND w.expires_at > t_now),
+              current_setting('pylease.history', true)
+         INTO s_epoch, s_fence, s_rest, s_queue, history;
+    IF NOT FOUND OR s_epoch IS DISTINCT FROM s_fence THEN
+        RETURN false;  -- none, or a writer was granted since: the share was no longer its own
+    ELSIF history = 'all' THEN
         INSERT INTO pylease_events (at, name, event, holder, fence)
         VALUES (t_now, lease, 'released', reader, s_epoch);
     ELSIF history IS NOT NULL AND history NOT IN ('', 'rare', 'none') THEN
@@ -2735,18 +2856,17 @@ BEGIN
     -- The last reader wakes the waiters; while a writer waits (no reader comes in
     -- meanwhile), every reader that leaves does, since two readers leaving at once
     -- may each see the other still there.
-    IF NOT EXISTS (SELECT FROM pylease_shared AS s
-                    WHERE s.name = lease AND s.epoch = s_fence AND s.expires_at > t_now)
-       OR EXISTS (SELECT FROM pylease_waiters AS w WHERE w.name = lease AND w.expires_at > t_now)
-    THEN
-        PERFORM pg_notify('pylease', lease);
+    IF s_rest[1] IS NOT TRUE OR s_queue THEN
+        ignored := pg_notify('pylease', lease);
     END IF;
     -- A few expired shares of the name (readers that died) go; none is waited for.
-    DELETE FROM pylease_shared AS s
-     WHERE s.name = lease
-       AND s.holder IN (SELECT x.holder FROM pylease_shared AS x
-                         WHERE x.name = lease AND x.expires_at <= t_now
-                         LIMIT 16 FOR UPDATE SKIP LOCKED);
+    IF s_rest[2] THEN
+        DELETE FROM pylease_shared AS s
+         WHERE s.name = lease
+           AND s.holder IN (SELECT x.holder FROM pylease_shared AS x
+                             WHERE x.name = lease AND x.expires_at <= t_now
+                             LIMIT 16 FOR UPDATE SKIP LOCKED);
+    END IF;
     RETURN true;
 END
 $$;
@@ -3479,6 +3599,7 @@ REVOKE EXECUTE ON FUNCTION pylease_check_batch(text[], text[], interval[]) FROM 
 REVOKE EXECUTE ON FUNCTION pylease_refuse_standby(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_refuse_read_only(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_refuse_history(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pylease_refuse_unseen_readers(text, text[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pylease_history_rows(text, timestamptz, integer) FROM PUBLIC;
 -- Stealing breaks somebody's lease: an operator grants it to the roles that may.
 REVOKE EXECUTE ON FUNCTION lease_steal(text, interval, text, interval) FROM PUBLIC;

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.sql.test_races import (
     HOUR,
@@ -135,3 +136,59 @@ def test_a_new_share_after_a_writer_draws_a_new_id_and_the_old_release_is_false(
     assert again == fence and second != first
     assert one(conn, RELEASE, ("r", epoch, first)) is False
     assert one(conn, RELEASE, ("r", again, second)) is True
+
+
+# -- what a reader's release does beside deleting its share (0024) --------------------
+
+RELEASES = {
+    "lease_release with the epoch": "SELECT lease_release('doc', %(h)s, NULL, %(epoch)s)",
+    "lease_release": "SELECT lease_release('doc', %(h)s)",
+    "pylease_release_share": "SELECT pylease_release_share('doc', %(h)s, %(epoch)s, %(share)s)",
+}
+
+
+def release(conn: Conn, how: str, holder: str, epoch: int, share: int) -> Any:
+    return one(conn, RELEASES[how], {"h": holder, "epoch": epoch, "share": share})
+
+
+@pytest.mark.parametrize("how", list(RELEASES))
+def test_a_readers_release_records_it_and_clears_dead_readers_shares(
+    conn: Conn, conn2: Conn, how: str
+) -> None:
+    assert one(conn, CLAIM, (HOUR, "old")) == 1
+    assert one(conn, "SELECT lease_release('doc', 'old')") is True
+    epoch, share = grant(conn, HOUR, "r")
+    for dead in ("d1", "d2"):
+        grant(conn, HOUR, dead)
+    conn.execute(
+        "UPDATE pylease_shared SET expires_at = clock_timestamp() - interval '1 second'"
+        " WHERE holder IN ('d1', 'd2')"
+    )
+    conn.execute("SET pylease.history = 'all'")
+    conn2.execute("LISTEN pylease")
+    assert release(conn, how, "r", epoch, share) is True
+    # The dead readers' shares went with it; the last reader told the waiters.
+    assert one(conn, "SELECT count(*) FROM pylease_shared WHERE name = 'doc'") == 0
+    assert [n.payload for n in conn2.notifies(timeout=5, stop_after=1)] == ["doc"]
+    assert conn.execute(
+        "SELECT event, holder, fence FROM pylease_events WHERE name = 'doc'"
+        " ORDER BY id DESC LIMIT 1"
+    ).fetchall() == [("released", "r", epoch)]
+    # Once more is not its own any longer.
+    assert release(conn, how, "r", epoch, share) is False
+
+
+@pytest.mark.parametrize("how", list(RELEASES))
+def test_a_reader_that_leaves_beside_another_tells_no_one_unless_a_writer_waits(
+    conn: Conn, conn2: Conn, how: str
+) -> None:
+    epoch, share = grant(conn, HOUR, "r1")
+    grant(conn, HOUR, "r2")
+    conn2.execute("LISTEN pylease")
+    assert release(conn, how, "r1", epoch, share) is True
+    assert list(conn2.notifies(timeout=0.5)) == []
+    # A writer in the queue: every reader that leaves tells it.
+    assert one(conn, "SELECT lease_wait('doc', 'w', '1 hour')") is True
+    r2 = one(conn, "SELECT share FROM pylease_shared WHERE holder = 'r2'")
+    assert release(conn, how, "r2", epoch, r2) is True
+    assert [n.payload for n in conn2.notifies(timeout=5, stop_after=1)] == ["doc"]

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from pylease._resources import data_dir
 from tests.sql.test_races import (
     HOUR,
     SHORT,
@@ -113,6 +114,25 @@ def test_every_exclusive_grant_that_waited_for_a_readers_claim_finds_it(
         grant = background(one, writer, statement)
         wait_blocked(conn, writer)
     assert grant.result(timeout=30) in (None, 0)
+    assert holders(conn) == [("r", "shared", 1)]
+
+
+def test_a_grant_that_deadlocks_with_a_fenced_transaction_turning_reader_is_busy(
+    conn: Conn, connect: Connect, background: Submit
+) -> None:
+    """A fenced transaction (its row lock) that then claims the name as a reader waits for
+    the grant's advisory lock while the grant waits for its row: PostgreSQL cancels the
+    grant, which waited first, and the writer hears busy, not an error."""
+    assert one(conn, CLAIM, (timedelta(seconds=2), "old")) == 1
+    fenced, writer = connect(), blocking_conn(connect)
+    with fenced.transaction():
+        assert one(fenced, "SELECT lease_holds('doc', 'old', 1)") is True
+        wait_expired(conn, "doc")
+        claim = background(one, writer, CLAIM, (HOUR, "w"))
+        wait_blocked(conn, writer)
+        # The reader takes over from the expired writer once the grant gave up.
+        assert one(fenced, SHARE, (HOUR, "r")) == 1
+    assert claim.result(timeout=30) is None
     assert holders(conn) == [("r", "shared", 1)]
 
 
@@ -425,3 +445,88 @@ def test_the_keepers_statement_renews_a_writer_and_readers_each_in_its_tenure(
     ).fetchall()
     # r2 names an epoch it never had, and the writer's second element a fence it never had.
     assert rows == [("book", True), ("doc", True), ("doc", False), ("book", False)]
+
+
+# -- a writer whose snapshot predates a reader -------------------------------------
+
+GRANTS = [
+    "SELECT lease_claim('doc', '1 hour', 'w')",
+    "SELECT lease_claim_new('doc', '1 hour', 'w')",
+    "SELECT lease_steal('doc', '1 hour', 'w')",
+    "SELECT count(*) FROM lease_claim_all(ARRAY['doc', 'x'], '1 hour', 'w')",
+]
+GRANT_IDS = ["claim", "claim_new", "steal", "claim_all"]
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize(
+    ("readers", "released"),
+    [(1, False), (1, True), (2, True)],
+    ids=["a reader that made the name", "a reader", "two readers at once"],
+)
+@pytest.mark.parametrize("statement", GRANTS, ids=GRANT_IDS)
+def test_a_writer_whose_snapshot_predates_a_reader_is_never_granted_beside_it(
+    statement: str, readers: int, released: bool, isolation: str, conn: Conn, connect: Connect
+) -> None:
+    """The reader's share is a row the writer's snapshot cannot see: the grant says it
+    cannot serialize (40001) rather than grant the name beside a reader. Two readers
+    whose claims overlap leave a multixact in the lease row's xmax, one a plain xid; a
+    reader that made the name's row meets the writer's insert of it (PostgreSQL's own
+    serialization failure)."""
+    epoch = 0
+    if released:
+        epoch = one(conn, CLAIM, (HOUR, "old"))
+        assert one(conn, "SELECT lease_release('doc', 'old')") is True
+    writer = connect()
+    writer.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+    writer.execute("SELECT 1")  # the snapshot is taken now
+    sessions = [connect() for _ in range(readers)]
+    for i, session in enumerate(sessions):
+        session.execute("BEGIN")
+        assert one(session, SHARE, (HOUR, f"r{i}")) == epoch
+    for session in sessions:
+        session.commit()
+    said = "reader may have come" if released else "could not serialize access"
+    with pytest.raises(psycopg.errors.SerializationFailure, match=said):
+        writer.execute(statement)
+    writer.rollback()
+    assert sorted(holders(conn)) == [(f"r{i}", "shared", epoch) for i in range(readers)]
+
+
+@pytest.mark.parametrize("statement", GRANTS, ids=GRANT_IDS)
+def test_a_repeatable_read_writer_that_sees_the_readers_leave_is_granted(
+    doc: int, statement: str, conn: Conn, connect: Connect
+) -> None:
+    """Readers (and a fenced transaction) that committed before the snapshot are seen:
+    no serialization failure once they left."""
+    for name in ("r0", "r1"):
+        assert one(conn, SHARE, (HOUR, name)) == doc
+    for name in ("r0", "r1"):
+        assert one(conn, "SELECT lease_release('doc', %s, NULL, %s)", (name, doc)) is True
+    writer = connect()
+    writer.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    assert one(writer, statement) not in (None, 0)
+    writer.commit()
+    assert [h[:2] for h in holders(conn)] == [("w", "exclusive")]
+
+
+def test_a_reader_from_before_migration_0024_still_keeps_the_writer_out(empty_dsn: str) -> None:
+    """0024 records no sequence mark on the rows it finds (NULL): the first grant of each
+    looks for readers, and sees one that claimed before the migration."""
+    folder = data_dir("migrations", "postgres")
+    files = sorted(p for p in folder.glob("pylease-*.sql") if not p.name.endswith(".rollback.sql"))
+    marked = "pylease-0024-readers-write-no-lease-row"
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        for path in (p for p in files if p.stem < marked):
+            with c.transaction():
+                c.execute(path.read_bytes())
+        assert one(c, CLAIM, (HOUR, "old")) == 1
+        assert one(c, "SELECT lease_release('doc', 'old')") is True
+        assert one(c, SHARE, (HOUR, "r")) == 1
+        [upgrade] = [p for p in files if p.stem == marked]
+        with c.transaction():
+            c.execute(upgrade.read_bytes())
+        assert one(c, CLAIM, (HOUR, "w")) is None
+        assert holders(c) == [("r", "shared", 1)]
+        assert one(c, "SELECT lease_release('doc', 'r')") is True
+        assert one(c, CLAIM, (HOUR, "w")) == 2

@@ -46,6 +46,7 @@ MIGRATIONS = [
     "pylease-0021-unwait",
     "pylease-0022-renew-held-statement",
     "pylease-0023-lean-paths",
+    "pylease-0024-readers-write-no-lease-row",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -132,6 +133,7 @@ HELPERS = (
     "pylease_refuse_standby",
     "pylease_refuse_read_only",
     "pylease_refuse_history",
+    "pylease_refuse_unseen_readers",
     "pylease_history_rows",
     "pylease_check_count",
     "pylease_check_names",
@@ -171,7 +173,10 @@ CATALOG: dict[str, str] = {
           FROM pg_class AS c WHERE c.relnamespace = 'public'::regnamespace AND {NOT_YOYO}
          ORDER BY 1""",
     "columns": f"""
-        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
+        -- The position among the live columns: a column dropped and added again (a
+        -- rollback) leaves a gap in attnum, which no query sees.
+        SELECT c.relname, row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+               format_type(a.atttypid, a.atttypmod),
                a.attnotnull, pg_get_expr(d.adbin, d.adrelid), a.attacl::text,
                col_description(c.oid, a.attnum)
           FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
