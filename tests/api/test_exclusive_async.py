@@ -1,20 +1,17 @@
 # The source of tests/api/test_exclusive.py: tools/async_to_sync.py writes it from this file.
 """@exclusive on a real PostgreSQL, on coroutine functions (test_exclusive_async.py, the
 source) and on plain functions (test_exclusive.py, generated from it). The typing
-promise is checked by running mypy on tests/support/typed_exclusive.py."""
+promise is checked by `make typecheck`, which runs mypy on tests/support/typed_exclusive.py."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import inspect
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -397,22 +394,6 @@ if True:  # ASYNC
         assert wrapped.__name__ == "job" and wrapped.__doc__ == "The job."
         assert inspect.signature(wrapped) == inspect.signature(job)
         assert await wrapped(5) == 5
-
-else:
-
-    def test_mypy_strict_accepts_the_typed_sample_and_sees_the_signature(tmp_path: Path) -> None:
-        """tests/support/typed_exclusive.py uses assert_type and type: ignore[...] on wrong
-        calls: under --strict an unused ignore is an error, so a decorator that lost the
-        signature (Any, or (...)) fails this test as surely as one that broke it."""
-        sample = Path(__file__).resolve().parents[1] / "support" / "typed_exclusive.py"
-        result = subprocess.run(
-            [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(sample)],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parents[2],
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
 
 
 # Issue 21, item 4: the lease covers the call and its await. Work that runs after the

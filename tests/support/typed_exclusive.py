@@ -1,4 +1,4 @@
-"""A typed use of @exclusive, checked by ``mypy --strict`` from test_exclusive.py.
+"""A typed use of @exclusive, checked by ``mypy --strict`` in ``make typecheck``.
 
 Not a test module: pytest does not collect it. Each ``assert_type`` states what the
 decorated function's type must be; each ``type: ignore[...]`` marks a call the

@@ -1,5 +1,5 @@
-"""Typed uses of the public targets and durations, checked by ``mypy --strict`` from
-test_api_durations.py.
+"""Typed uses of the public targets and durations, checked by ``mypy --strict`` in
+``make typecheck``.
 
 Not a test module: pytest does not collect it, and nothing here runs. Each accepted
 target is passed as its own type; each ``type: ignore[...]`` marks a call that the
