@@ -53,7 +53,12 @@ CLAIM_GUARDS = [
     (re.compile(r"\n SET lock_timeout TO [^\n]*"), ""),
     (
         re.compile(
-            r"BEGIN\n(\s+UPDATE pylease_leases AS l\n\s+SET fence.*?;\n)"
+            r"BEGIN\n"
+            # (since 0024, the wait's bound under a statement_timeout and the check of a
+            # snapshot older than READ COMMITTED's)
+            r"(?:\s+IF current_setting\('statement_timeout'\) <> '0'\n"
+            r"\s+OR current_setting\('transaction_isolation'\).*?\n\s+END IF;\n\s+END IF;\n)?"
+            r"(\s+UPDATE pylease_leases AS l\n\s+SET fence.*?;\n)"
             # (and, since 0013, the check for readers granted while it waited)
             r".*?\s*EXCEPTION WHEN lock_not_available.*?END;\n",
             flags=re.S,
