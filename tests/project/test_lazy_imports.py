@@ -133,3 +133,17 @@ def test_a_command_imports_only_its_own_module(args: list[str], loads: list[str]
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.rsplit("loaded:", 1)[1].split() == loads
+
+
+def test_the_driver_free_copies_of_libpq_statuses_are_libpqs() -> None:
+    """The links read a caller's connection with libpq's status numbers written out, so as
+    not to load the driver: they must be the numbers the driver (and
+    pylease.postgres._conninfo.is_idle) reads."""
+    from psycopg.pq import ConnStatus, TransactionStatus
+
+    from pylease import _links, _links_async
+    from pylease.postgres import _conninfo
+
+    libpq = (int(ConnStatus.OK), int(TransactionStatus.IDLE))
+    for module in (_links, _links_async, _conninfo):
+        assert libpq == (module._OK, module._IDLE), module.__name__
