@@ -120,6 +120,8 @@ class Ticket:
         self.ttl = ttl.total_seconds()
         self.on_lost = on_lost
         self.expires = sent_at + self.ttl
+        # What belief keeps back from the expiry (believed_until): the ttl never changes.
+        self.drift = drift_margin(self.ttl)
         # This host's wall clock less the keeper's, once: expires as a time of day.
         self.wall_offset = time.time() - monotonic()
         # When its next renewal is due: each lease at the pace of its own ttl.
@@ -145,7 +147,7 @@ class Ticket:
     def believed_until(self) -> float:
         """Until when (keeper's clock) a holder may believe it holds: the expiry less the
         clock-rate margin, since our clock may run slower than the server's."""
-        return self.expires - drift_margin(self.ttl)
+        return self.expires - self.drift
 
     def renewed(
         self, sent_at: float, granted: float | None = None, server_time: datetime | None = None
@@ -187,8 +189,8 @@ class Ticket:
             return LeaseLost(self.name, self.lost.reason)
         if self.pid != _pid:
             return LeaseLost(self.name, f"it is held by the parent process (pid {self.pid})")
-        # believed_until, inline: every block's exit asks.
-        if monotonic() >= self.expires - max(self.ttl * DRIFT, DRIFT_FLOOR):
+        # believed_until, without the property's call: every block's exit asks.
+        if monotonic() >= self.expires - self.drift:
             return LeaseLost(self.name, "its ttl ran out without a renewal")
         return None
 

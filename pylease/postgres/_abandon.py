@@ -123,15 +123,7 @@ class bounded:
 
     def __enter__(self) -> None:
         self.armed = True
-        # _Timers.push, inline: every statement pays for this.
-        timers = _timers
-        when = time.monotonic() + self._seconds
-        with timers._lock:
-            heap = timers._heap
-            if timers._started and heap and when >= heap[0][0]:
-                heapq.heappush(heap, (when, next(timers._order), self))
-                return
-        timers.push(self._seconds, self)
+        _timers.push(self._seconds, self)
 
     def __exit__(self, typ: object, exc: BaseException | None, tb: object) -> None:
         with _arming:
