@@ -83,6 +83,9 @@ class Waiter:
         # When a release of its name was heard while another process was ahead of this
         # one in that queue (monotonic): that process claims it, unless it died.
         self.release_heard: float | None = None
+        # True when its last sleep ended on a call to claim (a release, its turn), not
+        # on the sleep's timeout.
+        self.called = False
 
     @property
     def head(self) -> bool:
@@ -118,6 +121,7 @@ class Waiter:
         with _mutex:
             self._event.clear()
             retry, self._retry = self._retry, False
+        self.called = woken and retry
         return retry or not woken
 
 

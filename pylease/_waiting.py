@@ -22,8 +22,9 @@ A waiter's attempts after its first are one statement each: granted, the process
 leaves the queue of waiting processes in the claim's own transaction (a round trip
 less between the release and the block); busy, the same statement reads the status row
 that stood in the way (the holder's expiry, which paces the waiter). A busy claim
-still writes nothing, and its commit never waits for a WAL flush. A head that claimed
-in vain less than STATUS_FRESH ago leaves the status out (lease_status, an SQL function
+still writes nothing, and its commit never waits for a WAL flush. A head called by a
+notification (which most likely gets the lease), or that claimed in vain less than
+STATUS_FRESH ago, leaves the status out (lease_status, an SQL function
 planned at every call, costs several busy claims of server time, and a busy name's
 head claims again at every release); it reads it again once that is over, or once the
 expiry it knows is past.
@@ -305,11 +306,16 @@ class Wait(Generic[G]):
         """One attempt; busy, it reads what stands in the way when that is due."""
         waiter, name = self.waiter, self.attempt.name
         self.sent_at = monotonic()
+        # A head called to claim (a release heard) most likely gets the lease: its claim
+        # leaves the status out, whose planning alone would lengthen the handover.
+        due = not (waiter is not None and waiter.called) and status_due(
+            self.status_at, self.expires_at
+        )
         look = (
             self.attempt.follows
             or self.on_busy is not None
             or (self.want_holder and self.sent_at >= self.deadline)
-            or (head and (waiter is None or status_due(self.status_at, self.expires_at)))
+            or (head and (waiter is None or due))
         )
         self.skipped = head and not look
         rows: list[Any] | None = None
@@ -419,14 +425,15 @@ class Wait(Generic[G]):
             pause = min(pause, max(heard + grace - now, 0.0))
         if waiter is not None and waiter.db_head is not None:
             pause = min(pause, max(waiter.refresh_at - now, 0.0))
-        if self.skipped:
+        if self.status_at == float("-inf"):
+            # Never read (a process whose listener heard nothing new since the first,
+            # plain claim, or a release another process won): read it soon, so that a
+            # holder that died is met at its expiry.
+            pause = min(pause, STATUS_FRESH * random.uniform(1 - JITTER, 1 + JITTER))
+        elif self.skipped:
             # The holder may have changed since the status was read: read it again
             # soon, in case the new one's expiry comes earlier.
             pause = min(pause, max(self.status_at + STATUS_FRESH - now, 0.0))
-        elif self.status_at == float("-inf"):
-            # Never read (a process whose listener heard nothing new since the first,
-            # plain claim): read it soon, so that a holder that died is met at its expiry.
-            pause = min(pause, STATUS_FRESH * random.uniform(1 - JITTER, 1 + JITTER))
         return pause
 
 

@@ -44,12 +44,13 @@ async def test_waiters_take_turns_through_notify(dsn: str, aconn: AConn) -> None
 
 
 async def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
-    dsn: str, aconn: AConn, aconn2: AConn
+    dsn: str, aconn: AConn, aconn2: AConn, status_always_due: None
 ) -> None:
     # A waiter's claim after its first is one statement: busy, it reads the status
-    # row that stood in the way (at most every STATUS_FRESH seconds) and writes
-    # nothing (its process stays queued); granted, its process leaves pylease_waiters
-    # in the claim's own transaction, one round trip after the release's notification.
+    # row that stood in the way (at most every STATUS_FRESH seconds, here at every
+    # claim, but never when a notification called it) and writes nothing (its process stays queued); granted,
+    # its process leaves pylease_waiters in the claim's own transaction, one round trip
+    # after the release's notification.
     statements: list[tuple[str, Any]] = []
 
     class Recording(psycopg.AsyncCursor[Any]):
@@ -64,8 +65,8 @@ async def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_ex
         return int(row[0])
 
     def claims() -> list[bool]:
-        """Each combined claim so far: whether it read the status."""
-        return [bool(p[-1]) for q, p in statements if "lease_claim" in q and "lease_status" in q]
+        """Each claim of the queued process so far: whether it read the status."""
+        return ["lease_status" in q for q, _ in statements if "lease_unwait" in q]
 
     async def first_claim() -> bool:
         return await queued() == 1 and len(claims()) >= 1
@@ -83,13 +84,15 @@ async def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_ex
         # Queued (lease_wait), then one claim that found the name busy, with the status.
         assert await await_until(first_claim, 30)
         assert claims()[0] is True
-        # A notification without a release: the head claims again at once, in vain.
+        # A notification without a release: the head claims again at once, in vain,
+        # without the status (called by a notification, it expected the lease).
         seen = len(claims())
         await aconn.execute("NOTIFY pylease, 'job'")
         assert await asleep_until(lambda: len(claims()) > seen, 30)
+        assert claims()[seen] is False
         assert await queued() == 1  # the busy claim wrote nothing
-        # A claim that left the status out (read less than STATUS_FRESH before) is
-        # followed, on its own, by one that reads it again.
+        # A claim that left the status out is followed, on its own, by one that reads
+        # it again.
         assert await asleep_until(lambda: claims()[-1] is True, 30)
         before = len(statements)
         cur = await aconn.execute("SELECT lease_release('job', 'other')")
