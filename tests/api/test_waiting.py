@@ -48,9 +48,9 @@ def test_a_queued_waiter_claims_in_one_statement_with_its_status_or_its_exit(
 ) -> None:
     # A waiter's claim after its first is one statement: busy, it reads the status
     # row that stood in the way (at most every STATUS_FRESH seconds, here at every
-    # claim, but never when a notification called it) and writes nothing (its process stays queued); granted,
-    # its process leaves pylease_waiters in the claim's own transaction, one round trip
-    # after the release's notification.
+    # claim, but never when a notification called it) and writes nothing (its
+    # process stays queued); granted, its process leaves pylease_waiters in the
+    # claim's own transaction, one round trip after the release's notification.
     statements: list[tuple[str, Any]] = []
 
     class Recording(psycopg.Cursor[Any]):
