@@ -258,7 +258,7 @@ class AsyncWatch:
         if not self.fell_back:
             self.fell_back = True
             logger.info(
-                "pylease: watching the leader of %r by reading its row: changes between two"
+                "watching the leader of %r by reading its row: changes between two"
                 " reads may be coalesced (%s)",
                 self.name,
                 why,

@@ -76,7 +76,7 @@ def tell_release_requested(ticket: Ticket, requested_by: str) -> None:
         return
     ticket.release_requested_by = requested_by
     logger.info(
-        "pylease: lease %r (holder %s, fence %s) was asked to step down by %s",
+        "lease %r (holder %s, fence %s) was asked to step down by %s",
         ticket.name,
         ticket.holder,
         ticket.fence,

@@ -68,7 +68,7 @@ async def renew_leases(
             raise
         _unfenced.add(source.key)
         logger.warning(
-            "pylease: this schema renews by holder alone (run `pylease migrate`: from"
+            "this schema renews by holder alone (run `pylease migrate`: from"
             " pylease-0012 on, a renewal names its tenure); so it does until this process ends"
         )
         fenced = False
@@ -79,7 +79,7 @@ async def renew_leases(
             raise
         _members_apart.add(source.key)
         logger.warning(
-            "pylease: this schema renews members of groups apart from leases (run `pylease"
+            "this schema renews members of groups apart from leases (run `pylease"
             " migrate`: from pylease-0015 on, in the same statement); so it does until this"
             " process ends"
         )
@@ -316,7 +316,7 @@ def _by_holder_alone() -> None:
         return
     _told_unfenced = True
     logger.warning(
-        "pylease: this schema releases permits and several names by holder alone (run"
+        "this schema releases permits and several names by holder alone (run"
         " `pylease migrate`: from pylease-0014 on, a release names its tenure)"
     )
 

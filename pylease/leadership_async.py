@@ -454,7 +454,7 @@ class _Watching:
             except Exception:
                 # A failing callback or read must not end the watching: it is told, and
                 # the next change is told as it comes.
-                logger.exception("pylease: on_new_leader for %r failed", watch.name)
+                logger.exception("on_new_leader for %r failed", watch.name)
                 await self.done.wait(watch.poll, None)
 
     async def stop(self) -> None:

@@ -243,7 +243,7 @@ class Group:
                     link_.run_release(lambda b: b.group_leave(grp, member, incarnation), name=grp)
                 except Exception as exc:
                     # The member stays live until its expiry: nothing worse.
-                    logger.warning("pylease: member %r could not leave %r: %s", member, grp, exc)
+                    logger.warning("member %r could not leave %r: %s", member, grp, exc)
         finally:
             self._link = None
             try:

@@ -252,7 +252,7 @@ class AsyncGroup:
                     )
                 except Exception as exc:
                     # The member stays live until its expiry: nothing worse.
-                    logger.warning("pylease: member %r could not leave %r: %s", member, grp, exc)
+                    logger.warning("member %r could not leave %r: %s", member, grp, exc)
         finally:
             self._link = None
             try:

@@ -224,9 +224,9 @@ class AsyncPartitions:
                 pause = self._backoff
                 self._backoff = min(self._backoff * 2, self._bell.poll)
                 if not isinstance(exc, (PyleaseError, MemberLive)):
-                    logger.exception("pylease: rebalancing group %r failed", self.group)
+                    logger.exception("rebalancing group %r failed", self.group)
                 else:
-                    logger.info("pylease: rebalancing group %r failed: %s", self.group, exc)
+                    logger.info("rebalancing group %r failed: %s", self.group, exc)
 
     async def _step(self) -> float:
         """One look: take in grants and losses, join again if the membership was lost,
@@ -314,7 +314,7 @@ class AsyncPartitions:
         except WaitStopped:
             pass
         except Exception as exc:
-            logger.info("pylease: waiting for partition %r failed: %s", self._name(part), exc)
+            logger.info("waiting for partition %r failed: %s", self._name(part), exc)
         finally:
             # In one step, so the rebalancer never sees the partition neither waited
             # for nor granted while its lease is live.
@@ -355,7 +355,7 @@ class AsyncPartitions:
         try:
             await call(callback, parts)
         except Exception:
-            logger.exception("pylease: %s of group %r failed", what, self.group)
+            logger.exception("%s of group %r failed", what, self.group)
 
     def __repr__(self) -> str:
         return f"<Partitions {self.group!r} member={self.member.member!r} owned={self.owned}>"
@@ -369,7 +369,7 @@ async def _release(cm: AsyncLease, name: str) -> None:
     except LeaseLost:
         pass
     except Exception as exc:
-        logger.warning("pylease: releasing partition %r failed: %s", name, exc)
+        logger.warning("releasing partition %r failed: %s", name, exc)
 
 
 if True:  # ASYNC
