@@ -425,15 +425,17 @@ class Wait(Generic[G]):
             pause = min(pause, max(heard + grace - now, 0.0))
         if waiter is not None and waiter.db_head is not None:
             pause = min(pause, max(waiter.refresh_at - now, 0.0))
-        if self.status_at == float("-inf"):
-            # Never read (a process whose listener heard nothing new since the first,
-            # plain claim, or a release another process won): read it soon, so that a
-            # holder that died is met at its expiry.
-            pause = min(pause, STATUS_FRESH * random.uniform(1 - JITTER, 1 + JITTER))
-        elif self.skipped:
-            # The holder may have changed since the status was read: read it again
-            # soon, in case the new one's expiry comes earlier.
-            pause = min(pause, max(self.status_at + STATUS_FRESH - now, 0.0))
+        if self.skipped or self.status_at == float("-inf"):
+            # The holder may have changed since the status was read (or it was never
+            # read): read it STATUS_FRESH after the last read, so that a holder that
+            # died is met at its expiry. Past that (a head called by releases it lost),
+            # within STATUS_FRESH from now: a claim of its own at once would add a
+            # round trip to every lost release, and releases still coming mean that
+            # no holder died.
+            until = self.status_at + STATUS_FRESH - now
+            if until <= 0:
+                until = STATUS_FRESH * random.uniform(1 - JITTER, 1 + JITTER)
+            pause = min(pause, until)
         return pause
 
 
