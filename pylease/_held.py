@@ -339,6 +339,14 @@ def current_holder(rows: list[Any]) -> tuple[str | None, datetime | None]:
     return None, None
 
 
+def clear_at(rows: list[Any]) -> datetime:
+    """When the way is clear, for a claim found busy whose ``status()`` rows show no
+    holder: a resting lease's end; otherwise now (the status, read after the claim, saw
+    the lease expire or be released meanwhile)."""
+    now = datetime.now(UTC)
+    return max((row.expires_at for row in rows if row.expires_at is not None), default=now)
+
+
 def current_data(rows: list[Any]) -> object:
     """What the holder of a standing lease published, from ``status()`` rows."""
     return next((getattr(row, "data", None) for row in rows if row.held), None)

@@ -65,7 +65,7 @@ from pylease import _hub as hub
 from pylease._acompat import monotonic, sleep
 from pylease._attempts import Attempt, LeaseClaim, fence_of, lease_attempt
 from pylease._backend import Backend
-from pylease._held import Options, current_data, current_holder
+from pylease._held import Options, clear_at, current_data, current_holder
 from pylease._hub import WAITER_TTL, Waiter
 from pylease._links import Link
 from pylease._log import claimed as log_claimed
@@ -217,8 +217,8 @@ class Wait(Generic[G]):
             # Wait on the name in the way from the start (the mark was taken before the
             # claim, so a release meanwhile is not missed).
             rows = self.link.run(self.attempt.status, name=name)
-            self.current, self.expires_at = current_holder(rows)
-            self.status_at, free = self.sent_at, not rows
+            self._saw(rows)
+            free = not rows
         if conninfo is not None:
             self.waiter, self.retry = hub.enter(conninfo, self.attempt.name, seen)
             self.retry = self.retry or free
@@ -333,11 +333,20 @@ class Wait(Generic[G]):
         if look:
             if rows is None:
                 rows = self.link.run(self.attempt.status, name=name)
-            self.current, self.expires_at = current_holder(rows)
+            self._saw(rows)
             self.current_data = current_data(rows)
-            self.status_at = self.sent_at
             self._report(rows)
         return None
+
+    def _saw(self, rows: list[Any]) -> None:
+        """Take in the status read after a busy claim."""
+        self.current, self.expires_at = current_holder(rows)
+        if self.expires_at is None:
+            # Nobody holds it as the status saw it, later than the claim: the holder's
+            # expiry came in between (or a release), or it rests after a release. A
+            # pause until then, not a poll: the next claim is due at once, or at the rest's end.
+            self.expires_at = clear_at(rows)
+        self.status_at = self.sent_at
 
     def _report(self, rows: list[Any]) -> None:
         """Show ``on_busy`` the row that stood in the way (None if it vanished)."""

@@ -272,3 +272,17 @@ def test_a_waiter_of_a_warm_process_wakes_at_the_expiry_of_a_holder_that_died(
     # At the expiry (a second), not when the process refreshes its place in the queue of
     # waiting processes (10 s) nor at its poll (60 s): a liveness bound short of both.
     assert waited < 8, waited
+
+
+def test_a_waiter_claims_when_a_released_lease_stops_resting(dsn: str, conn: Conn) -> None:
+    # Released with a min_hold, the lease rests (no holder, and no claim granted) until
+    # its acquired_at + min_hold, and nothing is notified then. The status that the
+    # waiter reads after its busy claims shows no holder: the waiter claims at the rest's
+    # end, not when its process refreshes its place in the queue (10 s) nor at its poll.
+    conn.execute("SELECT lease_claim('job', '60 s', 'other')")
+    conn.execute("SELECT lease_release('job', 'other', '3 s')")
+    start = time.monotonic()
+    with lease(dsn, "job", ttl=60, wait=45, poll_interval=60) as held:
+        waited = time.monotonic() - start
+        assert held.fence == 2
+    assert waited < 8, waited

@@ -191,7 +191,8 @@ def test_a_lost_release_frees_the_lease_by_expiry_with_a_higher_fence(sync_pair:
     with conn:
         fence = pg.claim("job", timedelta(seconds=3), "first")
         assert fence is not None
-        assert sync_pair.caught_up()
+        # The commit waited for the standby's flush, not its replay.
+        wait_until(sync_pair.caught_up, what="the standby to replay the claim")
         # A release does not wait for the standby (losing it is harmless): with the
         # walreceiver cut it commits on the primary alone, and the failover drops it.
         sync_pair.cut()
