@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pylease import (
     FOREVER,
     InvalidArgument,
+    LeaseBusy,
     LeaseLost,
     alease,
     apermit,
@@ -173,6 +174,28 @@ def test_a_later_block_in_the_same_transaction_continues_the_tenure(dsn: str, co
             c.execute("SELECT 1")
             assert run_exclusive(c, "job", TTL, lambda: "ran").ran
             c.commit()
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE_READ", "SERIALIZABLE"])
+@pytest.mark.parametrize("wait", [0, 1.5])
+def test_a_callers_older_snapshot_never_grants_the_lease_beside_a_reader(
+    dsn: str, conn: Conn, isolation: str, wait: float
+) -> None:
+    """A caller's transaction whose snapshot predates a reader's grant cannot see the
+    reader's share: the block's claim is not made there, and finds the name busy."""
+    with psycopg.connect(dsn) as c:
+        c.isolation_level = psycopg.IsolationLevel[isolation]
+        c.execute("SELECT 1")  # the snapshot is taken now
+        row = conn.execute("SELECT lease_claim_shared('job', '1 hour', 'reader')").fetchone()
+        assert row is not None and row[0] is not None
+        with pytest.raises(LeaseBusy), lease(c, "job", ttl=TTL, wait=wait):
+            pytest.fail("granted beside a reader")
+        # The caller's transaction is still its own, and goes on.
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert c.execute("SELECT 2").fetchone() == (2,)
+        c.commit()
+    row = conn.execute("SELECT holder FROM lease_holders('job')").fetchone()
+    assert row == ("reader",)
 
 
 # Permits and several names: the same deferral, by the tenure's kind ----------------------
