@@ -86,6 +86,10 @@ class Waiter:
         # True when its last sleep ended on a call to claim (a release, its turn), not
         # on the sleep's timeout.
         self.called = False
+        # When its current sleep ends (monotonic; 0: not sleep), and how long after a
+        # release heard while behind it may sleep on without being woken (see heard()).
+        self.sleeping_until = 0.0
+        self.patience = 0.0
 
     @property
     def head(self) -> bool:
@@ -115,9 +119,23 @@ class Waiter:
         self._retry = self._retry or retry
         self._event.set()
 
+    def heard(self) -> None:
+        """Called with the mutex held: a release of its name was heard while another
+        process is ahead of this one in the queue of waiting processes."""
+        self.release_heard = now = monotonic()
+        # Asleep until at most its patience after this release, it looks at release_heard
+        # when it wakes: woken now it would only sleep again, a thread switch per release
+        # for every process behind while the name changes hands between the others.
+        if not 0.0 < self.sleeping_until <= now + self.patience:
+            self.wake(retry=False)
+
     def sleep(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; True when the waiter should claim again."""
-        woken = _wait(self._event, timeout)
+        self.sleeping_until = monotonic() + max(timeout, 0.0)
+        try:
+            woken = _wait(self._event, timeout)
+        finally:
+            self.sleeping_until = 0.0
         with _mutex:
             self._event.clear()
             retry, self._retry = self._retry, False
@@ -287,8 +305,7 @@ class Hub:
                 # Behind another process in the queue of waiting processes: this release
                 # is the one ahead's, but the head here claims after a grace in case
                 # that process died (its entry lasts until it expires).
-                queue[0].release_heard = monotonic()
-                queue[0].wake(retry=False)
+                queue[0].heard()
 
     def _changed(self, payload: str) -> None:
         """Called with the mutex held: a change of holder of a watched name."""

@@ -407,8 +407,20 @@ class Wait(Generic[G]):
         if waiter is None:
             sleep(pause)
             self.retry = True
-        else:
-            self.retry = waiter.sleep(pause)
+            return
+        waiter.patience = BEHIND_GRACE * (1 + JITTER)
+        self.retry = waiter.sleep(pause)
+        heard = waiter.release_heard
+        if (
+            self.retry
+            and not waiter.called
+            and waiter.behind
+            and heard is not None
+            and monotonic() - heard < BEHIND_GRACE * (1 - JITTER)
+        ):
+            # The sleep ran out, but a release was heard within the grace since: the
+            # process ahead is alive and claims it (see Waiter.heard).
+            self.retry = False
 
     def _sliced(self, pause: float) -> float:
         """A pause short enough to notice the stop, when there is one."""

@@ -414,8 +414,20 @@ class AsyncWait(Generic[G]):
         if waiter is None:
             await asleep(pause)
             self.retry = True
-        else:
-            self.retry = await waiter.sleep(pause)
+            return
+        waiter.patience = BEHIND_GRACE * (1 + JITTER)
+        self.retry = await waiter.sleep(pause)
+        heard = waiter.release_heard
+        if (
+            self.retry
+            and not waiter.called
+            and waiter.behind
+            and heard is not None
+            and monotonic() - heard < BEHIND_GRACE * (1 - JITTER)
+        ):
+            # The sleep ran out, but a release was heard within the grace since: the
+            # process ahead is alive and claims it (see AsyncWaiter.heard).
+            self.retry = False
 
     def _sliced(self, pause: float) -> float:
         """A pause short enough to notice the stop, when there is one."""

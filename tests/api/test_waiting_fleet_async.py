@@ -288,3 +288,32 @@ async def test_a_waiter_claims_when_a_released_lease_stops_resting(dsn: str, aco
         waited = time.monotonic() - start
         assert held.fence == 2
     assert waited < 8, waited
+
+
+async def test_a_release_heard_behind_another_process_wakes_only_a_sleep_outlasting_the_grace(
+    dsn: str,
+) -> None:
+    # Behind another process in the queue of waiting processes, a waiter claims a release
+    # only a grace after it (in case the process ahead died). A release heard then wakes
+    # it only when its sleep would end later than that: otherwise it looks when it wakes,
+    # and every process behind is not switched to once per release of a busy name.
+    hub = _hub_async.AsyncHub(dsn)  # never started: the test plays the listener
+    waiter = _hub_async.AsyncWaiter(hub, "job")
+    waiter.db_head, waiter.patience = False, 2.0
+
+    async def hear() -> None:
+        await asleep(0.2)
+        with _hub_async._mutex:
+            waiter.heard()
+
+    for sleep_for, woken in ((0.8, False), (BOUND, True)):
+        waiter.release_heard = None
+        hearing = astart_worker(hear)
+        start = time.monotonic()
+        retry = await waiter.sleep(sleep_for)
+        slept = time.monotonic() - start
+        await ajoin_workers([hearing])
+        assert waiter.release_heard is not None and waiter.release_heard - start > 0.1
+        # Woken early without a call to claim, or to the end of a sleep within the grace.
+        assert retry is not woken and not waiter.called
+        assert (slept < sleep_for - 0.3) if woken else (slept >= sleep_for - 0.05), slept
