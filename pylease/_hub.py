@@ -129,6 +129,13 @@ class Waiter:
         if not 0.0 < self.sleeping_until <= now + self.patience:
             self.wake(retry=False)
 
+    def ahead_alive(self, grace: float) -> bool:
+        """True while another process is ahead of this one in the queue of waiting
+        processes and a release of the name was heard within ``grace``: that process is
+        alive, and claims it."""
+        heard = self.release_heard
+        return self.behind and heard is not None and monotonic() - heard < grace
+
     def sleep(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; True when the waiter should claim again."""
         self.sleeping_until = monotonic() + max(timeout, 0.0)

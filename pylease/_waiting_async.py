@@ -129,7 +129,8 @@ def next_pause(
 
 def status_due(read_at: float, expires_at: datetime | None) -> bool:
     """Whether a head's claim should read the status, last read at ``read_at``
-    (monotonic) and then showing a holder until ``expires_at`` (None: none)."""
+    (monotonic) and then showing the name in the way until ``expires_at`` (a holder's
+    expiry, a rest's end; None: never read)."""
     if expires_at is None or monotonic() - read_at >= STATUS_FRESH:
         return True
     return expires_at <= datetime.now(UTC)
@@ -417,16 +418,9 @@ class AsyncWait(Generic[G]):
             return
         waiter.patience = BEHIND_GRACE * (1 + JITTER)
         self.retry = await waiter.sleep(pause)
-        heard = waiter.release_heard
-        if (
-            self.retry
-            and not waiter.called
-            and waiter.behind
-            and heard is not None
-            and monotonic() - heard < BEHIND_GRACE * (1 - JITTER)
-        ):
+        if self.retry and not waiter.called and waiter.ahead_alive(BEHIND_GRACE * (1 - JITTER)):
             # The sleep ran out, but a release was heard within the grace since: the
-            # process ahead is alive and claims it (see AsyncWaiter.heard).
+            # process ahead claims it (see AsyncWaiter.heard).
             self.retry = False
 
     def _sliced(self, pause: float) -> float:
