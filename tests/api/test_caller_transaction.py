@@ -122,9 +122,9 @@ def test_the_lease_is_held_until_the_callers_transaction_ends(
 def test_a_lease_kept_for_a_transaction_is_renewed(dsn: str, conn: Conn) -> None:
     with psycopg.connect(dsn) as c:
         c.execute("SELECT 1")
-        with lease(c, "job", ttl=1) as held:
+        with lease(c, "job", ttl=2) as held:  # 2 s: as for permits and names below
             pass
-        time.sleep(2.5)  # past two ttls: only renewals keep it
+        time.sleep(4.5)  # past two ttls: only renewals keep it
         row = status(conn, "job")
         assert row is not None and row["held"] and row["holder"] == held.holder
         c.commit()
@@ -216,12 +216,14 @@ def test_permits_and_several_names_are_held_until_the_callers_transaction_ends(
 ) -> None:
     with psycopg.connect(dsn) as c:
         c.execute("SELECT 1")  # a transaction open before the blocks
-        with permit(c, "exports", ttl=1, max_permits=1) as slot:
+        # A 2 s ttl: the keeper's first renewal opens its connection, which on make test's
+        # loaded cores took longer than a 1 s lease's margin.
+        with permit(c, "exports", ttl=2, max_permits=1) as slot:
             c.execute("SELECT 2")
-        with leases(c, ["acct-42", "acct-17"], ttl=1) as names:
+        with leases(c, ["acct-42", "acct-17"], ttl=2) as names:
             c.execute("SELECT 3")
         assert slot.lost and names.lost  # their blocks ended: nothing to believe any more
-        time.sleep(2.5)  # past two ttls: only renewals keep them
+        time.sleep(4.5)  # past two ttls: only renewals keep them
         assert permit_holders(conn, "exports") == [slot.holder]
         assert name_holders(conn, "acct-42", "acct-17") == {
             "acct-42": names.holder,
