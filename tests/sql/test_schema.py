@@ -47,6 +47,7 @@ MIGRATIONS = [
     "pylease-0022-renew-held-statement",
     "pylease-0023-lean-paths",
     "pylease-0024-readers-write-no-lease-row",
+    "pylease-0025-unchecked-rows",
 ]
 FUNCTIONS = (
     "lease_claim",
@@ -283,7 +284,7 @@ def test_schema_sql_and_the_migrations_build_the_same_catalog(
         "pylease_watchers",
         "pylease_watchers_pkey",
     ]
-    assert len(expected["constraints"]) == 32
+    assert len(expected["constraints"]) == 23
 
 
 def test_rollback_removes_everything_and_reapply_works(from_schema_sql: str, fresh_db: Any) -> None:
