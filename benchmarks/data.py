@@ -1,7 +1,8 @@
 """Section 14: data on a lease, the cost of revision 3, and stepping down (issue 26).
 
 - The claim + release cycle of one name with 200 bytes of data given to
-  ``lease_claim`` against the same cycle without data, and the cycle on a name nobody
+  ``lease_claim`` (JSON text cast to jsonb, as the Python API sends it) against the
+  same cycle without data, and the cycle on a name nobody
   watches against the same cycle on the revision-2 schema: migrations 0001 to 0007,
   installed by the bench in a schema of its own in the same database and called by
   their qualified names. So the second ratio is what all of revision 3 (every later

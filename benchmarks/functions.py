@@ -10,13 +10,13 @@ barely moves, beside the wall time, which it does.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from benchmarks._core import Context, Section, Target, holder_id, unique
 from benchmarks._cpu import backend_pid, cpu_seconds
@@ -196,13 +196,15 @@ def cycle(
 ) -> Callable[[int], float]:
     """Claim + release of one name, n times; claim and release timed apart (wall and CPU).
 
-    With ``data``, each claim is the 4-argument one that records it with the grant.
+    With ``data``, each claim is the 4-argument one that records it with the grant, sent
+    as pylease's Python API sends it: JSON text made once, cast to jsonb by the statement.
     """
     name, holder = name or unique("fn"), holder_id("fn")
     claim_args: tuple[Any, ...] = (name, TTL, holder)
+    claim_sql = f"SELECT {claim_fn}(%s, %s, %s)"
     if data is not None:
-        claim_args += (Jsonb(data),)
-    claim_sql = f"SELECT {claim_fn}({', '.join(['%s'] * len(claim_args))})"
+        claim_args += (json.dumps(data, ensure_ascii=False),)
+        claim_sql = f"SELECT {claim_fn}(%s, %s, %s, %s::jsonb)"
     release_sql = f"SELECT {release_fn}(%s, %s)"
 
     def run(n: int) -> float:
