@@ -291,7 +291,9 @@ $$;
 -- see has locked one of their lease rows since its last update (a reader's claim locks
 -- it FOR KEY SHARE; the lock stays in the row version, as xmax, a single locker's or a
 -- multixact's). Conservative: a fenced transaction (lease_holds) counts too, and a
--- value that may be either kind of xmax is read as both.
+-- value that may be either kind of xmax is read as both. But a grant that came first
+-- is no reader: an xmax that is its update makes PostgreSQL's own 40001 ("concurrent
+-- update") instead, which the grants answer as busy, the race lost.
 CREATE FUNCTION pylease_refuse_unseen_readers(operation text, names text[]) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -322,6 +324,10 @@ BEGIN
                                                  THEN 4294967296 ELSE 0 END AS x8) AS f
                     WHERE f.x8 >= 3 AND f.x8 IS DISTINCT FROM own
                       AND NOT pg_visible_in_snapshot(f.x8::text::xid8, snap)) THEN
+            -- A grant (a new fence, a key column) conflicts with this lock: it waits for
+            -- one in progress, and fails with 40001 once one committed since the snapshot.
+            -- A reader's lock, a fenced transaction's, or a renewal let it through.
+            PERFORM FROM pylease_leases AS l WHERE l.name = locked FOR KEY SHARE;
             RAISE EXCEPTION 'pylease: % of % under % isolation: a reader may have come after this transaction''s snapshot, which cannot see it',
                 operation, quote_literal(locked), current_setting('transaction_isolation')
                 USING ERRCODE = '40001',
@@ -463,6 +469,7 @@ DECLARE
     s_seq    bigint;
     s_last   bigint;
     history  text;
+    failure  text;
 BEGIN
     -- One cheap test in the common case (a read-only transaction's too, as on a
     -- standby); the checks that raise run only when it fails.
@@ -507,14 +514,20 @@ BEGIN
             RETURN NULL;
         ELSIF s_fence IS NULL THEN
             -- A first claim of the name; a conflict means another claimer created it first.
-            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
-                                             expires_at, grants, data, share_mark)
-            VALUES (pylease_claim.name, pylease_claim.holder,
-                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
-                    pylease_claim.ttl, t_now, t_now, t_now + pylease_claim.ttl, 1, pylease_claim.data,
-                    pg_sequence_last_value('pylease_share_ids'))
-            ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
-            RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+            -- Not READ COMMITTED, a row made since the snapshot is a conflict PostgreSQL
+            -- cannot serialize (40001): another claimer won there too.
+            BEGIN
+                INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                                 expires_at, grants, data, share_mark)
+                VALUES (pylease_claim.name, pylease_claim.holder,
+                        ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
+                        pylease_claim.ttl, t_now, t_now, t_now + pylease_claim.ttl, 1, pylease_claim.data,
+                        pg_sequence_last_value('pylease_share_ids'))
+                ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
+                RETURNING l.fence, current_setting('pylease.history', true) INTO granted, history;
+            EXCEPTION WHEN serialization_failure THEN
+                RETURN NULL;
+            END;
             IF history IS NULL OR history IN ('', 'rare', 'none') THEN
                 RETURN granted;
             ELSIF history = 'all' THEN
@@ -619,6 +632,15 @@ BEGIN
                 -- The previous holder's fenced transaction is still open, or a reader
                 -- came first: not ours yet. (A deadlock: a transaction of a name's
                 -- readers that a grant not READ COMMITTED waits for, waiting in turn.)
+                RETURN NULL;
+            WHEN serialization_failure THEN
+                -- Not READ COMMITTED: PostgreSQL's 40001 says the row changed since the
+                -- snapshot, a grant came first; the race is lost, as in READ COMMITTED.
+                -- pylease's own (a reader the snapshot cannot see) stands.
+                GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+                IF failure LIKE 'pylease:%' THEN
+                    RAISE;
+                END IF;
                 RETURN NULL;
             END;
             IF granted IS NOT NULL THEN
@@ -1080,6 +1102,7 @@ DECLARE
     s_read    boolean;
     kind      text;
     history   text;
+    failure   text;
 BEGIN
     PERFORM pylease_check_key('name', lease_steal.name);
     PERFORM pylease_check_ttl('ttl', lease_steal.ttl);
@@ -1089,82 +1112,93 @@ BEGIN
         PERFORM pylease_refuse_standby('lease_steal');
     END IF;
 
-    LOOP
-        SELECT l.holder, l.fence, l.renewed_at, l.expires_at, l.released,
-               EXISTS (SELECT FROM pylease_shared AS s
-                        WHERE s.name = l.name AND s.epoch = l.fence AND s.expires_at > t_now)
-          INTO s_holder, s_fence, s_renewed, s_expires, s_freed, s_read
-          FROM pylease_leases AS l
-         WHERE l.name = lease_steal.name;
-        IF NOT FOUND THEN
-            INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
-                                             expires_at, grants)
-            VALUES (lease_steal.name, lease_steal.holder,
-                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
-                    lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl, 1)
-            ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
-            RETURNING l.fence INTO granted;
-            kind := 'claimed';
-            EXIT;
-        END IF;
-        -- Never from readers: a steal breaks a writer's lease only.
-        IF s_read THEN
-            RETURN NULL;
-        END IF;
-        -- older_than '0' is unconditional: a renewal that commits while the steal waits
-        -- for the row (renewed_at later than t_now) must not make it give up.
-        IF lease_steal.older_than > interval '0'
-           AND s_renewed > t_now - lease_steal.older_than AND s_expires > t_now THEN
-            RETURN NULL;
-        ELSIF s_fence = 9223372036854775807 THEN
-            RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
-                quote_literal(lease_steal.name), s_fence USING ERRCODE = '54000';
-        END IF;
-        -- From an unexpired holder a steal; of a free or expired name what a claim is.
-        kind := CASE WHEN s_freed THEN 'claimed' WHEN s_expires <= t_now THEN 'taken_over'
-                     ELSE 'stolen' END;
-
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            PERFORM pylease_refuse_unseen_readers('lease_steal', ARRAY[lease_steal.name]);
-        END IF;
-        BEGIN
-            UPDATE pylease_leases AS l
-               SET fence       = greatest(s_fence + 1,
-                    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
-                   holder      = lease_steal.holder,
-                   ttl         = lease_steal.ttl,
-                   acquired_at = t_now,
-                   renewed_at  = t_now,
-                   expires_at  = CASE WHEN NOT s_freed AND s_holder = lease_steal.holder
-                                      THEN greatest(l.expires_at, t_now + lease_steal.ttl)
-                                      ELSE t_now + lease_steal.ttl END,
-                   released    = false,
-                   data        = NULL,
-                   release_requested_by = NULL,
-                   grants      = l.grants + 1,
-                   takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
-                   steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
-             WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
-               AND l.expires_at = s_expires
-               AND (lease_steal.older_than = interval '0'
-                    OR l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
-            RETURNING l.fence INTO granted;
-            -- As in lease_claim: a reader granted while the update waited is seen now.
-            IF granted IS NOT NULL THEN
-                WITH gone AS (
-                    DELETE FROM pylease_shared AS s WHERE s.name = lease_steal.name
-                    RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
-                )
-                SELECT coalesce(bool_or(g.live), false) INTO s_read FROM gone AS g;
-                IF s_read THEN
-                    RAISE EXCEPTION USING ERRCODE = 'PLBSY';
-                END IF;
+    -- Not READ COMMITTED, PostgreSQL's 40001 says the row changed since the snapshot:
+    -- another grant came first, a race lost as in READ COMMITTED. pylease's own (a
+    -- reader the snapshot cannot see) stands.
+    BEGIN
+        LOOP
+            SELECT l.holder, l.fence, l.renewed_at, l.expires_at, l.released,
+                   EXISTS (SELECT FROM pylease_shared AS s
+                            WHERE s.name = l.name AND s.epoch = l.fence AND s.expires_at > t_now)
+              INTO s_holder, s_fence, s_renewed, s_expires, s_freed, s_read
+              FROM pylease_leases AS l
+             WHERE l.name = lease_steal.name;
+            IF NOT FOUND THEN
+                INSERT INTO pylease_leases AS l (name, holder, fence, ttl, acquired_at, renewed_at,
+                                                 expires_at, grants)
+                VALUES (lease_steal.name, lease_steal.holder,
+                        ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1,
+                        lease_steal.ttl, t_now, t_now, t_now + lease_steal.ttl, 1)
+                ON CONFLICT DO NOTHING  -- the name (or its (name, fence) key) exists: another claimer won
+                RETURNING l.fence INTO granted;
+                kind := 'claimed';
+                EXIT;
             END IF;
-        EXCEPTION WHEN SQLSTATE 'PLBSY' THEN
-            RETURN NULL;
-        END;
-        EXIT WHEN granted IS NOT NULL;
-    END LOOP;
+            -- Never from readers: a steal breaks a writer's lease only.
+            IF s_read THEN
+                RETURN NULL;
+            END IF;
+            -- older_than '0' is unconditional: a renewal that commits while the steal waits
+            -- for the row (renewed_at later than t_now) must not make it give up.
+            IF lease_steal.older_than > interval '0'
+               AND s_renewed > t_now - lease_steal.older_than AND s_expires > t_now THEN
+                RETURN NULL;
+            ELSIF s_fence = 9223372036854775807 THEN
+                RAISE EXCEPTION 'pylease: lease % has used every fence (%): it cannot be granted again',
+                    quote_literal(lease_steal.name), s_fence USING ERRCODE = '54000';
+            END IF;
+            -- From an unexpired holder a steal; of a free or expired name what a claim is.
+            kind := CASE WHEN s_freed THEN 'claimed' WHEN s_expires <= t_now THEN 'taken_over'
+                         ELSE 'stolen' END;
+
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                PERFORM pylease_refuse_unseen_readers('lease_steal', ARRAY[lease_steal.name]);
+            END IF;
+            BEGIN
+                UPDATE pylease_leases AS l
+                   SET fence       = greatest(s_fence + 1,
+                        ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint - 1) << 40) + 1),
+                       holder      = lease_steal.holder,
+                       ttl         = lease_steal.ttl,
+                       acquired_at = t_now,
+                       renewed_at  = t_now,
+                       expires_at  = CASE WHEN NOT s_freed AND s_holder = lease_steal.holder
+                                          THEN greatest(l.expires_at, t_now + lease_steal.ttl)
+                                          ELSE t_now + lease_steal.ttl END,
+                       released    = false,
+                       data        = NULL,
+                       release_requested_by = NULL,
+                       grants      = l.grants + 1,
+                       takeovers   = l.takeovers + CASE WHEN kind = 'taken_over' THEN 1 ELSE 0 END,
+                       steals      = l.steals + CASE WHEN kind = 'stolen' THEN 1 ELSE 0 END
+                 WHERE l.name = lease_steal.name AND l.fence = s_fence AND l.released = s_freed
+                   AND l.expires_at = s_expires
+                   AND (lease_steal.older_than = interval '0'
+                        OR l.renewed_at <= t_now - lease_steal.older_than OR l.expires_at <= t_now)
+                RETURNING l.fence INTO granted;
+                -- As in lease_claim: a reader granted while the update waited is seen now.
+                IF granted IS NOT NULL THEN
+                    WITH gone AS (
+                        DELETE FROM pylease_shared AS s WHERE s.name = lease_steal.name
+                        RETURNING s.epoch = s_fence AND s.expires_at > t_now AS live
+                    )
+                    SELECT coalesce(bool_or(g.live), false) INTO s_read FROM gone AS g;
+                    IF s_read THEN
+                        RAISE EXCEPTION USING ERRCODE = 'PLBSY';
+                    END IF;
+                END IF;
+            EXCEPTION WHEN SQLSTATE 'PLBSY' THEN
+                RETURN NULL;
+            END;
+            EXIT WHEN granted IS NOT NULL;
+        END LOOP;
+    EXCEPTION WHEN serialization_failure THEN
+        GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+        IF failure LIKE 'pylease:%' THEN
+            RAISE;
+        END IF;
+        RETURN NULL;
+    END;
 
     IF granted IS NOT NULL THEN
         history := current_setting('pylease.history', true);
@@ -2117,6 +2151,7 @@ DECLARE
     created  text[];
     worn     text;
     history  text;
+    failure  text;
 BEGIN
     PERFORM pylease_check_names('names', pylease_claim_all.names);
     IF pylease_claim_all.ttl IS NULL OR NOT isfinite(pylease_claim_all.ttl)
@@ -2231,6 +2266,13 @@ BEGIN
          WHERE NOT g.own
            AND (history = 'all' OR (coalesce(history, '') IN ('', 'rare') AND NOT g.released));
     EXCEPTION WHEN SQLSTATE 'PLBSY' OR lock_not_available OR deadlock_detected THEN
+        RETURN;
+    WHEN serialization_failure THEN
+        -- As in pylease_claim: a grant that came since the snapshot is a race lost.
+        GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+        IF failure LIKE 'pylease:%' THEN
+            RAISE;
+        END IF;
         RETURN;
     END;
 

@@ -49,6 +49,7 @@ IDS = [
     "pylease-0023-lean-paths",
     "pylease-0024-readers-write-no-lease-row",
     "pylease-0025-unchecked-rows",
+    "pylease-0026-serializable-races",
 ]
 APPLIED = [f"pylease: applied {i}" for i in IDS]
 UNREACHABLE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

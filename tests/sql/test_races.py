@@ -90,6 +90,71 @@ def test_two_first_claims_of_a_new_name(
     assert one(conn, "SELECT holder FROM lease_status('fresh')") == "first"
 
 
+# A claim that is not READ COMMITTED (a caller's transaction, a role's default) and
+# loses the race answers as in READ COMMITTED: busy, not PostgreSQL's 40001.
+LOSERS = {
+    "claim": "SELECT lease_claim('sweep', %s, 'second')",
+    "claim_new": "SELECT lease_claim_new('sweep', %s, 'second')",
+    "steal": "SELECT lease_steal('sweep', %s, 'second')",
+    "claim_all": "SELECT count(*) FROM lease_claim_all(ARRAY['sweep'], %s, 'second')",
+}
+
+
+def _ready(conn: Conn, was: str) -> None:
+    """'sweep' released, expired, or never claimed."""
+    if was == "new":
+        return
+    assert one(conn, "SELECT lease_claim('sweep', %s, 'old')", (SHORT,)) == 1
+    if was == "released":
+        assert one(conn, "SELECT lease_release('sweep', 'old')") is True
+    else:
+        wait_expired(conn, "sweep")
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize("was", ["released", "expired", "new"])
+@pytest.mark.parametrize("statement", LOSERS.values(), ids=LOSERS.keys())
+def test_a_claim_whose_snapshot_predates_the_winners_grant_is_busy(
+    statement: str, was: str, isolation: str, conn: Conn, connect: Connect
+) -> None:
+    """The loser's snapshot still shows the name free; the winner's grant committed
+    since. (A steal of an expired or released lease is what a claim is.)"""
+    _ready(conn, was)
+    loser = connect()
+    loser.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+    loser.execute("SELECT 1")  # the snapshot is taken now
+    assert one(conn, "SELECT lease_claim('sweep', %s, 'first')", (HOUR,)) is not None
+    assert one(loser, statement, (HOUR,)) in (None, 0)
+    loser.rollback()
+    assert one(conn, "SELECT holder FROM lease_status('sweep')") == "first"
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize("was", ["released", "expired", "new"])
+@pytest.mark.parametrize("statement", LOSERS.values(), ids=LOSERS.keys())
+def test_a_claim_under_a_roles_isolation_that_waited_for_the_winner_is_busy(
+    statement: str,
+    was: str,
+    isolation: str,
+    conn: Conn,
+    connect: Connect,
+    background: Callable[..., Future[Any]],
+) -> None:
+    """Autocommit, each statement its own transaction at the session's default level:
+    the loser meets the winner's grant in progress, waits for it, and once it commits
+    finds the name busy."""
+    _ready(conn, was)
+    first, second = connect(), blocking_conn(connect)
+    second.execute(f"SET default_transaction_isolation = '{isolation}'")
+    with first.transaction():
+        assert one(first, "SELECT lease_claim('sweep', %s, 'first')", (HOUR,)) is not None
+        loser = background(one, second, statement, (HOUR,))
+        wait_blocked(conn, second)
+        assert not loser.done()
+    assert loser.result(timeout=30) in (None, 0)
+    assert one(conn, "SELECT holder FROM lease_status('sweep')") == "first"
+
+
 # -- fenced writes against a takeover ----------------------------------------
 
 

@@ -48,6 +48,7 @@ MIGRATIONS = [
     "pylease-0023-lean-paths",
     "pylease-0024-readers-write-no-lease-row",
     "pylease-0025-unchecked-rows",
+    "pylease-0026-serializable-races",
 ]
 FUNCTIONS = (
     "lease_claim",
