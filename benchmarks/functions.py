@@ -10,7 +10,6 @@ barely moves, beside the wall time, which it does.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,6 +20,7 @@ import psycopg
 from benchmarks._core import Context, Section, Target, holder_id, unique
 from benchmarks._cpu import backend_pid, cpu_seconds
 from benchmarks._stats import Contender, clock, fmt_time, interleave, spread_text, summary
+from pylease import _checks
 from pylease._resources import data_dir
 
 TTL = timedelta(seconds=30)
@@ -203,7 +203,7 @@ def cycle(
     claim_args: tuple[Any, ...] = (name, TTL, holder)
     claim_sql = f"SELECT {claim_fn}(%s, %s, %s)"
     if data is not None:
-        claim_args += (json.dumps(data, ensure_ascii=False),)
+        claim_args += (_checks.data(data),)
         claim_sql = f"SELECT {claim_fn}(%s, %s, %s, %s::jsonb)"
     release_sql = f"SELECT {release_fn}(%s, %s)"
 
