@@ -34,50 +34,33 @@ def _caller() -> tuple[str, int]:
     return ("thread", threading.get_ident())
 
 
-def enter(name: str, holder: str) -> None:
-    """Record a claim of ``name`` by ``holder``.
-
-    :raises InvalidArgument: the same holder already has a live lease of that name here.
-    """
-    with _lock:
-        claims = _live.get(name, {})
-        if holder in claims:
-            raise InvalidArgument(
-                f"pylease: holder {holder!r} already has a live lease {name!r} in this"
-                " process: a holder names one claim (use a holder of its own for each"
-                " claim, or keep_fresh to renew a live lease)",
-                parameter="holder",
-                name=name,
-            )
-        _live.setdefault(name, {})[holder] = None
-
-
-def enter_all(names: tuple[str, ...], holder: str) -> None:
+def enter_all(names: tuple[str, ...], holder: str, database: Hashable | None = None) -> None:
     """Record the claims of ``names`` (one claim of several names) by ``holder``, all or
-    none."""
-    entered: list[str] = []
-    try:
-        for name in names:
-            enter(name, holder)
-            entered.append(name)
-    except BaseException:
-        leave_all(tuple(entered), holder)
-        raise
+    none; with ``database``, as exclusive claims of the calling thread or task there.
 
-
-def own(names: tuple[str, ...], holder: str, database: Hashable) -> None:
-    """Mark the recorded claims of ``names`` by ``holder`` as exclusive claims of the
-    calling thread or task on ``database``.
-
+    :raises InvalidArgument: the same holder already has a live lease of one of the
+        names here.
     :raises LeaseBusy: the same thread or task holds one of ``names`` on ``database``
         under another holder: this claim, nested in that block, would wait for itself.
     """
-    mark = (database, _caller())
+    mark = None if database is None else (database, _caller())
     with _lock:
         for name in names:
-            for other, by in _live.get(name, {}).items():
-                if other != holder and by == mark:
-                    raise LeaseBusy(name, holder=other, here=True)
+            claims = _live.get(name)
+            if not claims:
+                continue
+            if holder in claims:
+                raise InvalidArgument(
+                    f"pylease: holder {holder!r} already has a live lease {name!r} in this"
+                    " process: a holder names one claim (use a holder of its own for each"
+                    " claim, or keep_fresh to renew a live lease)",
+                    parameter="holder",
+                    name=name,
+                )
+            if mark is not None:
+                for other, by in claims.items():
+                    if by == mark:
+                        raise LeaseBusy(name, holder=other, here=True)
         for name in names:
             _live.setdefault(name, {})[holder] = mark
 
@@ -96,18 +79,19 @@ def disown(names: tuple[str, ...], holder: str) -> None:
 
 
 def leave_all(names: tuple[str, ...], holder: str) -> None:
-    for name in names:
-        leave(name, holder)
+    """Forget the claims; nothing for one that was not recorded."""
+    with _lock:
+        for name in names:
+            claims = _live.get(name)
+            if claims is not None:
+                claims.pop(holder, None)
+                if not claims:
+                    del _live[name]
 
 
 def leave(name: str, holder: str) -> None:
     """Forget the claim; nothing if it was not recorded."""
-    with _lock:
-        claims = _live.get(name)
-        if claims is not None:
-            claims.pop(holder, None)
-            if not claims:
-                del _live[name]
+    leave_all((name,), holder)
 
 
 def _after_fork() -> None:

@@ -144,37 +144,35 @@ class Keeper:
     def add(self, ticket: Ticket, source: Source, renew: RenewOp = renew_leases) -> None:
         """Start renewing ``ticket`` through ``source`` with ``renew``."""
         with self._cond:
-            key = (source.key, renew)
-            group = self._groups.get(key)
-            if group is None:
-                group = self._groups[key] = _Group(source, renew)
-            # The source in use now: a group kept through a tick may still hold one
-            # that the registry has closed since.
-            group.source = source
-            group.tickets.append(ticket)
-            ticket.keeper = self
-            ticket.kept = True
-            group.next_at = min(group.next_at, ticket.due)
-            idle = self._thread is None
-            if idle:
-                self._thread = spawn(self._run, name="pylease-heartbeat")
-            elif self._sleeping_until and group.next_at < self._sleeping_until:
-                # Wake the keeper only when it would sleep past this lease's first tick:
-                # a wake-up per lease costs a thread handoff in a loop of short leases.
+            if self._add(ticket, source, renew):
                 self._cond.notify_all()
+
+    def _add(self, ticket: Ticket, source: Source, renew: RenewOp) -> bool:
+        """Put ``ticket`` in its group (the condition held, or idle on an event loop);
+        True when the keeper, sleep, must be woken for it."""
+        key = (source.key, renew)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(source, renew)
+        # The source in use now: a group kept through a tick may still hold one
+        # that the registry has closed since.
+        group.source = source
+        group.tickets.append(ticket)
+        ticket.keeper = self
+        ticket.kept = True
+        group.next_at = min(group.next_at, ticket.due)
+        idle = self._thread is None
+        if idle:
+            self._thread = spawn(self._run, name="pylease-heartbeat")
+            return False
+        # Wake the keeper only when it would sleep past this lease's first tick:
+        # a wake-up per lease costs a thread handoff in a loop of short leases.
+        return bool(self._sleeping_until) and group.next_at < self._sleeping_until
 
     def remove(self, ticket: Ticket, source: Source, renew: RenewOp = renew_leases) -> None:
         """Stop renewing ``ticket``; a tick under way for it finishes first (bounded)."""
         with self._cond:
-            key = (source.key, renew)
-            group = self._groups.get(key)
-            ticket.kept = False
-            if group is not None and ticket in group.tickets:
-                group.tickets.remove(ticket)
-                if not group.tickets:
-                    # Kept for the next lease of its source (a loop of short leases
-                    # builds no group per lease); the next round drops it if unused.
-                    group.next_at = float("inf")
+            self._remove(ticket, source, renew)
             # A tick that already sent this renewal is answered before the release
             # goes out, so its answer cannot be taken for a loss after the release
             # (within a block's exit, only while its budget allows: the answer of a
@@ -187,6 +185,17 @@ class Keeper:
                 if left <= 0:
                     break
                 condition_wait(self._cond, left)
+
+    def _remove(self, ticket: Ticket, source: Source, renew: RenewOp) -> None:
+        """Take ``ticket`` out of its group (the condition held, or idle on an event loop)."""
+        group = self._groups.get((source.key, renew))
+        ticket.kept = False
+        if group is not None and ticket in group.tickets:
+            group.tickets.remove(ticket)
+            if not group.tickets:
+                # Kept for the next lease of its source (a loop of short leases
+                # builds no group per lease); the next round drops it if unused.
+                group.next_at = float("inf")
 
     def defer(self, entry: Deferred) -> None:
         """Release its lease (kept renewed meanwhile, if it is) once its watch says the

@@ -6,10 +6,13 @@ Shared by the sync and async keepers (:mod:`pylease._keeper`,
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -219,6 +222,45 @@ def abandon(ticket: Ticket) -> None:
         return
     ticket.given_back = threading.Event()  # set by the keeper once it was given back
     ticket.keeper.abandon(ticket)
+
+
+# The blocks' watches of their Helds, by the weak reference's id: a weak reference calls
+# back only while it lives, so it must outlive what it watches (see watch_held).
+_watched: dict[int, weakref.ref[Any]] = {}
+_exiting = False
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+atexit.register(_at_exit)
+
+
+def watch_held(held: object, ticket: Ticket) -> None:
+    """Give the lease back (:func:`abandon`) once ``held`` is collected inside its block,
+    until :func:`unwatch_held`; ``ticket.held`` refers to it meanwhile.
+
+    Never at exit: a daemon thread may still be inside its block then, and a release
+    would let another holder in under it (the expiry frees the lease). A weak
+    reference's callback rather than ``weakref.finalize``: every block pays for it.
+    """
+    ref = weakref.ref(held, functools.partial(_collected, ticket))
+    _watched[id(ref)] = ref
+    ticket.held = ref
+
+
+def unwatch_held(ticket: Ticket) -> None:
+    """The block has ended: collecting its Held gives nothing back."""
+    ref = ticket.held
+    if ref is not None:
+        _watched.pop(id(ref), None)
+
+
+def _collected(ticket: Ticket, ref: weakref.ref[Any]) -> None:
+    if _watched.pop(id(ref), None) is not None and not _exiting:
+        abandon(ticket)
 
 
 def notify_lost(ticket: Ticket, reason: str) -> LeaseLost | None:

@@ -17,7 +17,6 @@ steps, or passes ``on_lost`` to be told at once.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -41,7 +40,7 @@ from pylease._links import Link, link
 from pylease._links import check as check_target
 from pylease._telling import settle, tell_lost
 from pylease._tenure import loss_cause, release, renew_leases
-from pylease._ticket import Ticket, abandon, inherited, notify_lost
+from pylease._ticket import Ticket, inherited, notify_lost, unwatch_held, watch_held
 from pylease._types import Duration, Target, Wait
 from pylease._waiting import Stop, acquire_with
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -92,7 +91,6 @@ class Lease:
         self._heartbeat_target = heartbeat_target
         self._link: Link | None = None
         self._ticket: Ticket | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
         self.on_busy: Callable[[Any], object] | None = None  # see acquire_with()
@@ -115,19 +113,19 @@ class Lease:
             return self._held
         holder = opts.holder or default_holder()
         names = self._names()
-        # Before any I/O: one holder names one claim (a second live lease of this name
-        # with this holder would share the fence and be released under the first).
-        _claims.enter_all(names, holder)
+        self._link = link_ = self._make_link()
         try:
-            self._link = link_ = self._make_link()
+            # Before any I/O: one holder names one claim (a second live lease of this name
+            # with this holder would share the fence and be released under the first);
+            # nested in a block of the name on that database: refused (a reader may be
+            # held twice in a process, under two holders).
+            exclusive = self._exclusive and not opts.shared
+            _claims.enter_all(names, holder, link_.source.key if exclusive else None)
         except BaseException:
-            _claims.leave_all(names, holder)
+            self._link = None
+            link_.close()
             raise
         try:
-            # Nested in a block of the name on that database: refused (a reader may be
-            # held twice in a process, under two holders).
-            if self._exclusive and not opts.shared:
-                _claims.own(names, holder, link_.source.key)
             grant, sent_at = acquire_with(
                 link_,
                 self._attempt(holder),
@@ -144,7 +142,6 @@ class Lease:
         ticket = Ticket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
         held = self._made(ticket, grant)
         ticket.on_release_requested = opts.on_release_requested
-        ticket.held = weakref.ref(held)
         self._ticket = ticket
         # Once neither this context manager nor the Held is reachable (the Held is
         # reachable from here), nobody can leave the block: the keeper stops renewing
@@ -152,10 +149,7 @@ class Lease:
         ticket.link = link_
         ticket.keeper = keeper_ = keeper()
         self._held = held  # so the Held is collected only once this is too
-        self._finalizer = weakref.finalize(held, abandon, ticket)
-        # Not at exit: a daemon thread may still be inside its block then, and a
-        # release would let another holder in under it. The expiry frees the lease.
-        self._finalizer.atexit = False
+        watch_held(held, ticket)
         if opts.heartbeat:
             keeper_.add(ticket, link_.renewals)
         return held
@@ -176,8 +170,7 @@ class Lease:
             return
         # Before the release goes out: once it commits, another may be granted the lease.
         ticket.ended = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        unwatch_held(ticket)
         self._held = None
         # From here on, every step draws on one budget (contract section 2: the block
         # ends within 10 s of its body, whatever each step meets).
@@ -187,7 +180,7 @@ class Lease:
                 return  # released later; the body's exception, if any, goes on as it is
             try:
                 if self._opts.heartbeat:
-                    keeper().remove(ticket, link_.renewals)
+                    ticket.keeper.remove(ticket, link_.renewals)
                     if ticket.callback is not None:
                         settle(ticket)
                 released, trouble = release(link_, ticket, self._opts.min_hold)
@@ -289,9 +282,7 @@ class Lease:
         ticket.generation += 1  # the earlier block's Held stays ended
         self._held = held = Held(ticket.name, ticket.holder, fence, ticket)
         ticket.on_release_requested = self._opts.on_release_requested
-        ticket.held = weakref.ref(held)
-        self._finalizer = weakref.finalize(held, abandon, ticket)
-        self._finalizer.atexit = False
+        watch_held(held, ticket)
         return True
 
 

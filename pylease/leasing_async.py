@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -44,7 +43,7 @@ from pylease._links_async import check as check_target
 from pylease._log import text as error_text
 from pylease._telling_async import settle, tell_lost
 from pylease._tenure_async import loss_cause, release, renew_leases
-from pylease._ticket import AsyncTicket, abandon, inherited, notify_lost
+from pylease._ticket import AsyncTicket, inherited, notify_lost, unwatch_held, watch_held
 from pylease._types import AsyncTarget, Duration, Wait
 from pylease._waiting_async import Stop, acquire_with
 from pylease.errors import InvalidArgument, LeaseBusy, LeaseLost
@@ -95,7 +94,6 @@ class AsyncLease:
         self._heartbeat_target = heartbeat_target
         self._link: AsyncLink | None = None
         self._ticket: AsyncTicket | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._held: Held | None = None
         self.want_holder = True
         self.on_busy: Callable[[Any], object] | None = None  # see acquire_with()
@@ -120,19 +118,19 @@ class AsyncLease:
             return self._held
         holder = opts.holder or default_holder()
         names = self._names()
-        # Before any I/O: one holder names one claim (a second live lease of this name
-        # with this holder would share the fence and be released under the first).
-        _claims.enter_all(names, holder)
+        self._link = link_ = self._make_link()
         try:
-            self._link = link_ = self._make_link()
+            # Before any I/O: one holder names one claim (a second live lease of this name
+            # with this holder would share the fence and be released under the first);
+            # nested in a block of the name on that database: refused (a reader may be
+            # held twice in a process, under two holders).
+            exclusive = self._exclusive and not opts.shared
+            _claims.enter_all(names, holder, link_.source.key if exclusive else None)
         except BaseException:
-            _claims.leave_all(names, holder)
+            self._link = None
+            await link_.close()
             raise
         try:
-            # Nested in a block of the name on that database: refused (a reader may be
-            # held twice in a process, under two holders).
-            if self._exclusive and not opts.shared:
-                _claims.own(names, holder, link_.source.key)
             grant, sent_at = await acquire_with(
                 link_,
                 self._attempt(holder),
@@ -149,7 +147,6 @@ class AsyncLease:
         ticket = AsyncTicket(opts.name, holder, opts.ttl, sent_at=sent_at, on_lost=self._on_lost)
         held = self._made(ticket, grant)
         ticket.on_release_requested = opts.on_release_requested
-        ticket.held = weakref.ref(held)
         if True:  # ASYNC
             if opts.cancel_on_lost:
                 ticket.task = asyncio.current_task()
@@ -162,10 +159,7 @@ class AsyncLease:
         ticket.link = link_
         ticket.keeper = keeper_ = keeper()
         self._held = held  # so the Held is collected only once this is too
-        self._finalizer = weakref.finalize(held, abandon, ticket)
-        # Not at exit: a daemon thread may still be inside its block then, and a
-        # release would let another holder in under it. The expiry frees the lease.
-        self._finalizer.atexit = False
+        watch_held(held, ticket)
         if opts.heartbeat:
             await keeper_.add(ticket, link_.renewals)
         return held
@@ -186,8 +180,7 @@ class AsyncLease:
             return
         # Before the release goes out: once it commits, another may be granted the lease.
         ticket.ended = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        unwatch_held(ticket)
         self._held = None
         if True:  # ASYNC
             ticket.task = None  # no cancellation from here on
@@ -200,7 +193,7 @@ class AsyncLease:
                 return  # released later; the body's exception, if any, goes on as it is
             try:
                 if self._opts.heartbeat:
-                    await keeper().remove(ticket, link_.renewals)
+                    await ticket.keeper.remove(ticket, link_.renewals)
                     if ticket.callback is not None:
                         await settle(ticket)
                 if True:  # ASYNC
@@ -326,9 +319,7 @@ class AsyncLease:
         ticket.generation += 1  # the earlier block's Held stays ended
         self._held = held = AsyncHeld(ticket.name, ticket.holder, fence, ticket)
         ticket.on_release_requested = self._opts.on_release_requested
-        ticket.held = weakref.ref(held)
-        self._finalizer = weakref.finalize(held, abandon, ticket)
-        self._finalizer.atexit = False
+        watch_held(held, ticket)
         return True
 
     if True:  # ASYNC
