@@ -283,12 +283,17 @@ class Link:
         self.sqlite = isinstance(source, SqliteSource)
         self._schema: str | None = None
         self._renewals: Source | None = None
+        # The backend of the caller's connection, once its schema is known: the link's
+        # statements there run one after another, on one cursor.
+        self._backend: Any = None
 
     def schema(self, name: str | None) -> str | None:
         """The schema every statement of this link names (None: SQLite), found once."""
         if self._schema is None and not self.sqlite:
             if self.conn is not None:
-                self._schema = _postgres().connection_schema(self.conn, name)
+                pg = _postgres()
+                self._schema = schema = pg.connection_schema(self.conn, name)
+                self._backend = pg.PostgresBackend(self.conn, schema)
             else:
                 self._schema = self.source.schema(name)
         return self._schema
@@ -312,7 +317,9 @@ class Link:
             pgconn = conn.pgconn
             if (pgconn.status == _OK and pgconn.transaction_status == _IDLE) or conn.closed:
                 # A closed connection fails loudly here rather than silently elsewhere.
-                result: T = _postgres().run_committed(conn, op, schema, idle=True)
+                result: T = _postgres().run_committed(
+                    conn, op, schema, idle=True, backend=self._backend
+                )
                 return result
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)
@@ -340,7 +347,9 @@ class Link:
         if conn is not None:
             pgconn = conn.pgconn
             if pgconn.status == _OK and pgconn.transaction_status == _IDLE:
-                result: T = _postgres().run_committed(conn, op, schema, idle=True)
+                result: T = _postgres().run_committed(
+                    conn, op, schema, idle=True, backend=self._backend
+                )
                 return result
         if self.sqlite_conn is not None and not self.sqlite_conn.in_transaction:
             backend: Backend = sqlite_module().SqliteBackend(self.sqlite_conn)

@@ -304,12 +304,17 @@ class AsyncLink:
         self.sqlite = isinstance(source, AsyncSqliteSource)
         self._schema: str | None = None
         self._renewals: AsyncSource | None = None
+        # The backend of the caller's connection, once its schema is known: the link's
+        # statements there run one after another, on one cursor.
+        self._backend: Any = None
 
     async def schema(self, name: str | None) -> str | None:
         """The schema every statement of this link names (None: SQLite), found once."""
         if self._schema is None and not self.sqlite:
             if self.conn is not None:
-                self._schema = await _postgres().connection_schema(self.conn, name)
+                pg = _postgres()
+                self._schema = schema = await pg.connection_schema(self.conn, name)
+                self._backend = pg.AsyncPostgresBackend(self.conn, schema)
             else:
                 self._schema = await self.source.schema(name)
         return self._schema
@@ -333,7 +338,9 @@ class AsyncLink:
             pgconn = conn.pgconn
             if (pgconn.status == _OK and pgconn.transaction_status == _IDLE) or conn.closed:
                 # A closed connection fails loudly here rather than silently elsewhere.
-                result: T = await _postgres().run_committed(conn, op, schema, idle=True)
+                result: T = await _postgres().run_committed(
+                    conn, op, schema, idle=True, backend=self._backend
+                )
                 return result
         if True:  # ASYNC
             pass  # no sqlite_conn on an event loop: see the module's docstring
@@ -364,7 +371,9 @@ class AsyncLink:
         if conn is not None:
             pgconn = conn.pgconn
             if pgconn.status == _OK and pgconn.transaction_status == _IDLE:
-                result: T = await _postgres().run_committed(conn, op, schema, idle=True)
+                result: T = await _postgres().run_committed(
+                    conn, op, schema, idle=True, backend=self._backend
+                )
                 return result
         if True:  # ASYNC
             pass

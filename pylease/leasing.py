@@ -35,7 +35,7 @@ from pylease._held import (
 )
 from pylease._held import Outcome as Outcome
 from pylease._held import default_holder as default_holder
-from pylease._keeper import NOT_OURS, keeper
+from pylease._keeper import NOT_OURS, Keeper, keeper
 from pylease._links import Link, link
 from pylease._links import check as check_target
 from pylease._telling import settle, tell_lost
@@ -108,7 +108,9 @@ class Lease:
         if self._link is not None or self._ticket is not None:
             raise RuntimeError("pylease: a lease() context manager can be entered once")
         opts = self._opts
-        if self._adopt():
+        keeper_ = keeper()
+        # Nothing is kept for a caller's transaction at most entries: asked first.
+        if keeper_.deferring() and self._adopt(keeper_):
             assert self._held is not None
             return self._held
         holder = opts.holder or default_holder()
@@ -147,7 +149,7 @@ class Lease:
         # reachable from here), nobody can leave the block: the keeper stops renewing
         # and releases at once (issue 10, defect 8; issue 21, item 15).
         ticket.link = link_
-        ticket.keeper = keeper_ = keeper()
+        ticket.keeper = keeper_
         self._held = held  # so the Held is collected only once this is too
         watch_held(held, ticket)
         if opts.heartbeat:
@@ -260,13 +262,10 @@ class Lease:
         keeper().defer(Deferred(ticket, link_.renewals, watch, min_hold, link_, owner=owner))
         return True
 
-    def _adopt(self) -> bool:
+    def _adopt(self, keeper_: Keeper) -> bool:
         """Continue the tenure of an earlier block of this name that ended in the
         caller's transaction still open (or just ended) on the same connection: held
         since, it could not be granted again before that transaction ends."""
-        keeper_ = keeper()
-        if not keeper_.deferring():
-            return False  # nothing is kept for a caller's transaction: every entry asks
         owner = self._owner()
         if owner is None:
             return False

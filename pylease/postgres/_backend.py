@@ -99,6 +99,10 @@ class PostgresBackend(Backend):
         self.schema = schema
         #: Run every statement READ COMMITTED with the server's default bounds at once.
         self.defaults = defaults
+        # The cursor the last statement left, for the next: making one costs a
+        # statement's client work again, and a lease block's claim and release run on
+        # one backend (see Link.run).
+        self._idle: list[psycopg.Cursor[tuple[Any, ...]]] = []
 
     def in_schema(self, schema: str) -> PostgresBackend:
         if schema == self.schema:
@@ -143,15 +147,21 @@ class PostgresBackend(Backend):
             query = _qualified.get((query, self.schema)) or qualified(query, self.schema)
         # As wrap_errors(name) does, without its calls on the hot path (a try costs none).
         try:
-            # A client-side cursor holds nothing to close: no `with` on the hot path.
-            cur = self.conn.cursor(row_factory=tuple_row)
+            try:
+                # Taken, not shared: statements of two tasks or threads never run on one.
+                cur = self._idle.pop()
+            except IndexError:
+                # A client-side cursor holds nothing to close: no `with` here.
+                cur = self.conn.cursor(row_factory=tuple_row)
             if self.defaults:
                 return self._with_defaults(cur, query, params)
             try:
                 cur.execute(query, params)
             except _SETTINGS_FAILURES:
                 return self._with_defaults(cur, query, params)
-            return cur.fetchall()
+            rows = cur.fetchall()
+            self._idle.append(cur)
+            return rows
         except psycopg.Error as exc:
             raise translate(exc, name) from exc
 
@@ -197,9 +207,11 @@ def run_committed(
     schema: str | None = None,
     *,
     idle: bool = False,
+    backend: PostgresBackend | None = None,
 ) -> T:
     """Run ``op`` on an idle connection as a transaction of its own, its statements
-    naming ``schema`` (None: as they are); ``idle``: the caller has just seen it idle.
+    naming ``schema`` (None: as they are); ``idle``: the caller has just seen it idle;
+    ``backend``: one of ``conn`` in ``schema`` to run it on (one is made otherwise).
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
@@ -211,10 +223,11 @@ def run_committed(
             " commit that transaction)"
         )
     with bounded(conn):
+        b = backend or PostgresBackend(conn, schema)
         if conn.autocommit:
-            return op(PostgresBackend(conn, schema))
+            return op(b)
         try:
-            result = op(PostgresBackend(conn, schema))
+            result = op(b)
             try:
                 with wrap_errors():
                     conn.commit()

@@ -99,6 +99,10 @@ class AsyncPostgresBackend(AsyncBackend):
         self.schema = schema
         #: Run every statement READ COMMITTED with the server's default bounds at once.
         self.defaults = defaults
+        # The cursor the last statement left, for the next: making one costs a
+        # statement's client work again, and a lease block's claim and release run on
+        # one backend (see AsyncLink.run).
+        self._idle: list[psycopg.AsyncCursor[tuple[Any, ...]]] = []
 
     def in_schema(self, schema: str) -> AsyncPostgresBackend:
         if schema == self.schema:
@@ -143,15 +147,21 @@ class AsyncPostgresBackend(AsyncBackend):
             query = _qualified.get((query, self.schema)) or qualified(query, self.schema)
         # As wrap_errors(name) does, without its calls on the hot path (a try costs none).
         try:
-            # A client-side cursor holds nothing to close: no `async with` on the hot path.
-            cur = self.conn.cursor(row_factory=tuple_row)
+            try:
+                # Taken, not shared: statements of two tasks or threads never run on one.
+                cur = self._idle.pop()
+            except IndexError:
+                # A client-side cursor holds nothing to close: no `async with` here.
+                cur = self.conn.cursor(row_factory=tuple_row)
             if self.defaults:
                 return await self._with_defaults(cur, query, params)
             try:
                 await cur.execute(query, params)
             except _SETTINGS_FAILURES:
                 return await self._with_defaults(cur, query, params)
-            return await cur.fetchall()
+            rows = await cur.fetchall()
+            self._idle.append(cur)
+            return rows
         except psycopg.Error as exc:
             raise translate(exc, name) from exc
 
@@ -199,9 +209,11 @@ async def run_committed(
     schema: str | None = None,
     *,
     idle: bool = False,
+    backend: AsyncPostgresBackend | None = None,
 ) -> T:
     """Run ``op`` on an idle connection as a transaction of its own, its statements
-    naming ``schema`` (None: as they are); ``idle``: the caller has just seen it idle.
+    naming ``schema`` (None: as they are); ``idle``: the caller has just seen it idle;
+    ``backend``: one of ``conn`` in ``schema`` to run it on (one is made otherwise).
 
     :raises ConfigurationError: the connection is not idle: its open transaction is
         somebody else's, and a claim, renewal or release there would commit it.
@@ -213,10 +225,11 @@ async def run_committed(
             " commit that transaction)"
         )
     with bounded(conn):
+        b = backend or AsyncPostgresBackend(conn, schema)
         if conn.autocommit:
-            return await op(AsyncPostgresBackend(conn, schema))
+            return await op(b)
         try:
-            result = await op(AsyncPostgresBackend(conn, schema))
+            result = await op(b)
             try:
                 with wrap_errors():
                     await conn.commit()
