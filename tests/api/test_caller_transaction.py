@@ -13,6 +13,8 @@ import asyncio
 import gc
 import logging
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -452,3 +454,40 @@ def test_a_collected_async_lease_is_released_promptly(
 
 async def _ran() -> str:
     return "ran"
+
+
+LEFT_ENTERED = """
+import sys
+import psycopg
+import pylease
+
+conn = psycopg.connect(sys.argv[1], autocommit=True)
+for kind in ("sync", "async"):
+    name = "left-" + kind
+    if kind == "sync":
+        held = pylease.lease(conn, name, ttl=60, holder="left").__enter__()
+    else:
+        import asyncio
+
+        async def enter():
+            aconn = await psycopg.AsyncConnection.connect(sys.argv[1], autocommit=True)
+            return aconn, await pylease.alease(aconn, name, ttl=60, holder="left").__aenter__()
+
+        loop = asyncio.new_event_loop()
+        kept = loop.run_until_complete(enter())
+print("entered", flush=True)
+"""
+
+
+def test_a_lease_still_entered_at_exit_is_left_to_expire(dsn: str, conn: Conn) -> None:
+    """A block never left when the interpreter exits (its Held collected only as the
+    modules are torn down) is not released then: a daemon thread may still be inside
+    its block. The expiry frees the name."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEFT_ENTERED, dsn], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "entered"
+    for api in ("sync", "async"):
+        row = status(conn, f"left-{api}")
+        assert row is not None and row["held"] and row["holder"] == "left", (api, row)

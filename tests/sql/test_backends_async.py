@@ -1,11 +1,14 @@
 """The operations of contract revision 2 through the async backends, on both databases:
-renew_each, counters, history and prune_history, and the new status columns.
+renew_each, counters, history and prune_history, and the new status columns; and a
+backend's statements from several threads at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +20,7 @@ import pytest
 
 from pylease._backend_async import AsyncBackend
 from pylease.errors import FenceExhausted, InvalidArgument
+from pylease.postgres._backend import PostgresBackend
 from pylease.postgres._backend_async import AsyncPostgresBackend
 from pylease.sqlite import AsyncSqliteBackend, connect
 
@@ -129,3 +133,38 @@ async def test_a_cancelled_sqlite_call_returns_only_once_its_thread_let_go(tmp_p
         other.rollback()
         other.close()
         conn.close()
+
+
+def test_statements_of_two_threads_on_one_backend_read_their_own_rows(dsn: str) -> None:
+    """A backend keeps the cursor its last statement left for the next one (a lease
+    block's claim and release share one); statements of several threads at once on one
+    backend (the sync twin's, whose connections threads share) must still never read
+    each other's rows."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        backend = PostgresBackend(conn)
+        names = [f"own-rows-{i}" for i in range(8)]
+        for i, name in enumerate(names):
+            assert backend.claim(name, HOUR, f"holder-{i}") == 1
+        wrong: list[object] = []
+
+        def read(i: int) -> None:
+            for _ in range(200):
+                try:
+                    rows = backend.status(names[i])
+                except Exception as exc:  # another thread's statement on this cursor
+                    wrong.append(exc)
+                    return
+                if [(r.name, r.holder) for r in rows] != [(names[i], f"holder-{i}")]:
+                    wrong.append(rows)
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(len(names))]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # threads switch between any two steps
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
+        assert not wrong, wrong[:3]
