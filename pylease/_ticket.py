@@ -239,8 +239,9 @@ atexit.register(_at_exit)
 
 
 def watch_held(held: object, ticket: Ticket) -> None:
-    """Give the lease back (:func:`abandon`) once ``held`` is collected inside its block,
-    until :func:`unwatch_held`; ``ticket.held`` refers to it meanwhile.
+    """Give the tenure back (:func:`abandon`) once ``held`` (a lease's Held, a group's
+    member) is collected inside its block, until :func:`unwatch_held`; ``ticket.held``
+    refers to it meanwhile.
 
     Never at exit: a daemon thread may still be inside its block then, and a release
     would let another holder in under it (the expiry frees the lease). A weak

@@ -20,11 +20,9 @@ The twins differ only in how a bell is waited for (an event of the loop, or of t
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
 
 from pylease import _checks
 from pylease import _hub as hub
@@ -36,7 +34,7 @@ from pylease._keeper import keeper
 from pylease._links import Link, link
 from pylease._links import check as check_target
 from pylease._operations import MemberRow
-from pylease._ticket import Ticket, abandon
+from pylease._ticket import Ticket, unwatch_held, watch_held
 from pylease._types import Duration, Target
 from pylease.errors import LeaseLost, MemberLive
 
@@ -151,7 +149,6 @@ class Group:
         self.incarnation: int | None = None
         self._link: Link | None = None
         self._ticket: Ticket | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._left = False
 
     def __enter__(self) -> Group:
@@ -207,18 +204,15 @@ class Group:
         ticket.kind = "member"
         ticket.fence = incarnation
         old, self._ticket = self._ticket, ticket
-        if self._finalizer is not None:
-            self._finalizer.detach()
         if old is not None:
+            unwatch_held(old)
             keeper().remove(old, link_.renewals)
         self.incarnation = incarnation
         # Once this object is unreachable nobody can leave the group: the keeper stops
-        # renewing the member and leaves at once (as for a collected lease's Held). Not
-        # at exit: a daemon thread may still be working as the member then.
+        # renewing the member and leaves at once (as for a collected lease's Held).
         ticket.link = link_
         ticket.keeper = keeper()
-        self._finalizer = weakref.finalize(self, abandon, ticket)
-        self._finalizer.atexit = False
+        watch_held(self, ticket)
         # Renewed with the leases of the process (its partitions' among them) in the
         # keeper's one statement per tick.
         keeper().add(ticket, link_.renewals)
@@ -231,8 +225,7 @@ class Group:
             return None
         self._left = True
         ticket.ended = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        unwatch_held(ticket)
         lost = ticket.error()
         grp, member, incarnation = self.group, self.member, ticket.fence
         budget = begin()

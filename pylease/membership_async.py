@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
 
 from pylease import _checks
 from pylease import _hub_async as hub
@@ -36,7 +34,7 @@ from pylease._keeper_async import keeper
 from pylease._links_async import AsyncLink, link
 from pylease._links_async import check as check_target
 from pylease._operations import MemberRow
-from pylease._ticket import AsyncTicket, abandon
+from pylease._ticket import AsyncTicket, unwatch_held, watch_held
 from pylease._types import AsyncTarget, Duration
 from pylease.errors import LeaseLost, MemberLive
 
@@ -158,7 +156,6 @@ class AsyncGroup:
         self.incarnation: int | None = None
         self._link: AsyncLink | None = None
         self._ticket: AsyncTicket | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._left = False
 
     async def __aenter__(self) -> AsyncGroup:
@@ -214,18 +211,15 @@ class AsyncGroup:
         ticket.kind = "member"
         ticket.fence = incarnation
         old, self._ticket = self._ticket, ticket
-        if self._finalizer is not None:
-            self._finalizer.detach()
         if old is not None:
+            unwatch_held(old)
             await keeper().remove(old, link_.renewals)
         self.incarnation = incarnation
         # Once this object is unreachable nobody can leave the group: the keeper stops
-        # renewing the member and leaves at once (as for a collected lease's Held). Not
-        # at exit: a daemon thread may still be working as the member then.
+        # renewing the member and leaves at once (as for a collected lease's Held).
         ticket.link = link_
         ticket.keeper = keeper()
-        self._finalizer = weakref.finalize(self, abandon, ticket)
-        self._finalizer.atexit = False
+        watch_held(self, ticket)
         # Renewed with the leases of the process (its partitions' among them) in the
         # keeper's one statement per tick.
         await keeper().add(ticket, link_.renewals)
@@ -238,8 +232,7 @@ class AsyncGroup:
             return None
         self._left = True
         ticket.ended = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        unwatch_held(ticket)
         lost = ticket.error()
         grp, member, incarnation = self.group, self.member, ticket.fence
         budget = begin()

@@ -12,8 +12,9 @@ run, so a change to the lease path can be judged on its own:
   the largest first: where pylease's share goes.
 
 Contenders: ``alease`` (``async with alease(conn, ...)``), ``raw-async`` (the two
-statements of bench section 3 on one async cursor), ``lease`` and ``raw`` (their sync
-twins). The database is the DSN's; run ``pylease migrate`` there first.
+statements of bench section 3, from ``benchmarks.sql_level``, on one async cursor),
+``lease`` and ``raw`` (their sync twins). The database is the DSN's; run
+``pylease migrate`` there first.
 
 Usage::
 
@@ -32,15 +33,11 @@ import subprocess
 import sys
 import types
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTENDERS = ("raw-async", "alease", "raw", "lease")
-CLAIM = "SELECT lease_claim(%s, %s, %s)"
-RELEASE = "SELECT lease_release(%s, %s)"
-TTL = timedelta(seconds=30)
 WARM = 300  # cycles before counting: prepared statements, caches, the keeper's timer
 
 
@@ -53,6 +50,7 @@ def _async_cycles(dsn: str, contender: str) -> Callable[[int], Awaitable[None]]:
     import psycopg
 
     import pylease
+    from benchmarks.sql_level import CLAIM, RELEASE, TTL
 
     name = f"client-cost-{contender}"
     conns: list[psycopg.AsyncConnection[Any]] = []
@@ -81,6 +79,7 @@ def _sync_cycles(dsn: str, contender: str) -> Callable[[int], None]:
     import psycopg
 
     import pylease
+    from benchmarks.sql_level import CLAIM, RELEASE, TTL
 
     name = f"client-cost-{contender}"
     conn = psycopg.connect(dsn, autocommit=True)
