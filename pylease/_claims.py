@@ -89,11 +89,6 @@ def leave_all(names: tuple[str, ...], holder: str) -> None:
                     del _live[name]
 
 
-def leave(name: str, holder: str) -> None:
-    """Forget the claim; nothing if it was not recorded."""
-    leave_all((name,), holder)
-
-
 def _after_fork() -> None:
     global _lock, _live, _holder_prefix
     # The lock may have been held by another thread at the fork: a new one.

@@ -373,8 +373,7 @@ class Keeper:
         except Exception as exc:
             logger.warning("could not release lease %r: %s", name, exc)
         finally:
-            for each in ticket.names or (name,):
-                _claims.leave(each, ticket.holder)
+            _claims.leave_all(ticket.names or (name,), ticket.holder)
             if entry.link is not None:
                 entry.link.close()
             if ticket.given_back is not None:

@@ -240,6 +240,28 @@ def test_permits_and_several_names_are_held_until_the_callers_transaction_ends(
         assert wait_until(lambda: name_holders(conn, "acct-42", "acct-17") == {})
 
 
+def test_a_holder_of_several_names_kept_for_a_transaction_may_claim_each_again(
+    dsn: str, conn: Conn
+) -> None:
+    """Once the caller's transaction ends and the kept names are given back, the process
+    no longer counts any of them as claimed by that holder."""
+
+    def takes(name: str) -> bool:
+        try:
+            with lease(conn, name, TTL, holder="ledger"):
+                return True
+        except InvalidArgument:  # the holder still has a live lease of it here
+            return False
+
+    with psycopg.connect(dsn) as c:
+        c.execute("SELECT 1")  # a transaction open before the block
+        with leases(c, ["acct-42", "acct-17"], ttl=TTL, holder="ledger"):
+            c.execute("SELECT 2")
+        assert not takes("acct-17")
+        c.commit()
+        assert wait_until(lambda: takes("acct-42") and takes("acct-17"))
+
+
 def test_a_permit_kept_for_a_transaction_and_lost_is_loud(
     dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
